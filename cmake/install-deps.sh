@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building and testing towerpipe needs, where it is missing, from Debian's packages:
+# cmake, g++, ninja and Catch2 2.x. The CUDA toolkit is optional (GPU tests are built when nvcc exists).
+set -euo pipefail
+
+needed=()
+command -v cmake >/dev/null || needed+=(cmake)
+command -v g++ >/dev/null || needed+=(g++)
+command -v ninja >/dev/null || needed+=(ninja-build)
+[ -f /usr/lib/cmake/Catch2/Catch2Config.cmake ] || [ -f /usr/share/cmake/Catch2/Catch2Config.cmake ] || needed+=(catch2)
+[ ${#needed[@]} -eq 0 ] && exit 0
+
+echo "towerpipe: installing ${needed[*]} from Debian's packages"
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=""
+elif command -v sudo >/dev/null; then
+  sudo="sudo"
+else
+  echo "towerpipe: need root (or sudo) to install: ${needed[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${needed[@]}"

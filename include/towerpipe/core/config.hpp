@@ -1,0 +1,43 @@
+#pragma once
+// Compiler and platform switches shared by every header.
+
+#define TOWERPIPE_VERSION_MAJOR 0
+#define TOWERPIPE_VERSION_MINOR 1
+#define TOWERPIPE_VERSION_PATCH 0
+
+// Functions that the host loops and the CUDA kernels both call (DESIGN.md §2, invariant 4).
+#if defined(__CUDACC__)
+#define TOWERPIPE_HOST_DEVICE __host__ __device__
+#else
+#define TOWERPIPE_HOST_DEVICE
+#endif
+
+// True while compiling device code (nvcc's device pass), false in host passes and plain C++ compilers.
+#if defined(__CUDA_ARCH__)
+#define TOWERPIPE_DEVICE_PASS() 1
+#else
+#define TOWERPIPE_DEVICE_PASS() 0
+#endif
+
+// True when the translation unit is compiled by nvcc and may use the CUDA runtime and device backends.
+#if defined(__CUDACC__)
+#define TOWERPIPE_HAS_CUDA() 1
+#else
+#define TOWERPIPE_HAS_CUDA() 0
+#endif
+
+// Placed before a __host__ __device__ template that calls a functor supplied by its caller: nvcc then
+// accepts host-only functors when the template is instantiated for the host (as Thrust and CUB do).
+#if defined(__CUDACC__)
+#define TOWERPIPE_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define TOWERPIPE_EXEC_CHECK_DISABLE
+#endif
+
+namespace towerpipe {
+namespace detail {
+// Makes a static_assert in a primary template fire only when that template is instantiated.
+template <class...>
+inline constexpr bool dependent_false = false;
+}  // namespace detail
+}  // namespace towerpipe

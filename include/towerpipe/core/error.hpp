@@ -1,0 +1,39 @@
+#pragma once
+// towerpipe::error — the one exception type the library throws (DESIGN.md §2, invariant 5).
+// Messages name what went wrong and where: tower, variable, input, shapes.
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace towerpipe {
+
+class error : public std::runtime_error {
+ public:
+  explicit error(const std::string& message) : std::runtime_error("towerpipe: " + message), message_(message) {}
+
+  // what() without the "towerpipe: " prefix, for wrapping into a message with more context.
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+namespace detail {
+
+// Streams every argument into one message: make_message("tower ", 2, ": bad") == "tower 2: bad".
+template <class... Parts>
+std::string make_message(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+template <class... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  throw error(make_message(parts...));
+}
+
+}  // namespace detail
+}  // namespace towerpipe

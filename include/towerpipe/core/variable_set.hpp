@@ -1,0 +1,69 @@
+#pragma once
+// The model's trainable variables: unique names with shapes, in a fixed order that every layout,
+// backend and checkpoint follows.
+
+#include <cstddef>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/core/shape.hpp"
+
+namespace towerpipe {
+
+struct variable {
+  std::string name;
+  towerpipe::shape shape;
+  std::size_t size = 0;  // element count of shape
+};
+
+class variable_set {
+ public:
+  variable_set() = default;
+  variable_set(std::initializer_list<std::pair<std::string, towerpipe::shape>> variables) {
+    for (const auto& [name, dims] : variables) add(name, dims);
+  }
+
+  // Appends a variable; returns its index. Names must be non-empty and unique, extents positive.
+  std::size_t add(const std::string& name, const towerpipe::shape& dims) {
+    if (name.empty()) detail::fail("variable #", variables_.size(), " has an empty name");
+    if (index_.count(name) != 0) detail::fail("duplicate variable name '", name, "'");
+    for (std::size_t extent : dims) {
+      if (extent == 0) detail::fail("variable '", name, "' has a zero extent in shape ", to_string(dims));
+    }
+    index_.emplace(name, variables_.size());
+    variables_.push_back({name, dims, element_count(dims)});
+    total_size_ += variables_.back().size;
+    return variables_.size() - 1;
+  }
+
+  std::size_t count() const { return variables_.size(); }
+  bool empty() const { return variables_.empty(); }
+  const variable& operator[](std::size_t index) const { return variables_[index]; }
+  auto begin() const { return variables_.begin(); }
+  auto end() const { return variables_.end(); }
+
+  // Sum of all variables' element counts.
+  std::size_t total_size() const { return total_size_; }
+
+  std::size_t index_of(const std::string& name) const {
+    auto found = index_.find(name);
+    if (found == index_.end()) detail::fail("no variable named '", name, "'");
+    return found->second;
+  }
+
+  // Checks an index that came from user code.
+  void check_index(std::size_t index) const {
+    if (index >= variables_.size())
+      detail::fail("variable index ", index, " is out of range (", variables_.size(), " variables)");
+  }
+
+ private:
+  std::vector<variable> variables_;
+  std::unordered_map<std::string, std::size_t> index_;
+  std::size_t total_size_ = 0;
+};
+
+}  // namespace towerpipe

@@ -1,0 +1,109 @@
+#pragma once
+// A persistent pool of CPU threads: run(tasks, fn) calls fn(task) for every task in [0, tasks) on the
+// pool's threads and the calling thread, and returns when all are done. Threads are created once, at
+// construction, never per step. Which thread runs which task is left to timing, so results must not
+// depend on it; an exception thrown by a task is kept per task and handed back, never lost.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace towerpipe {
+namespace detail {
+
+class thread_pool {
+ public:
+  // threads counts the caller: a pool of 1 runs everything on the calling thread.
+  explicit thread_pool(std::size_t threads) {
+    for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+
+  ~thread_pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_workers_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+  }
+
+  std::size_t threads() const { return workers_.size() + 1; }
+
+  // Returns one exception_ptr per task, null where the task succeeded.
+  std::vector<std::exception_ptr> run(std::size_t tasks, const std::function<void(std::size_t)>& fn) {
+    std::vector<std::exception_ptr> failures(tasks);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &fn;
+      failures_ = &failures;
+      tasks_ = tasks;
+      next_task_ = 0;
+      busy_workers_ = workers_.size();
+      ++generation_;
+    }
+    wake_workers_.notify_all();
+    take_tasks(fn, failures, tasks);
+    std::unique_lock<std::mutex> lock(mutex_);
+    workers_done_.wait(lock, [this] { return busy_workers_ == 0; });
+    job_ = nullptr;
+    return failures;
+  }
+
+ private:
+  void take_tasks(const std::function<void(std::size_t)>& fn, std::vector<std::exception_ptr>& failures,
+                  std::size_t tasks) {
+    for (std::size_t task = next_task_.fetch_add(1); task < tasks; task = next_task_.fetch_add(1)) {
+      try {
+        fn(task);
+      } catch (...) {
+        failures[task] = std::current_exception();
+      }
+    }
+  }
+
+  void work() {
+    std::size_t seen_generation = 0;
+    for (;;) {
+      const std::function<void(std::size_t)>* job;
+      std::vector<std::exception_ptr>* failures;
+      std::size_t tasks;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_workers_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
+        if (stopping_) return;
+        seen_generation = generation_;
+        job = job_;
+        failures = failures_;
+        tasks = tasks_;
+      }
+      take_tasks(*job, *failures, tasks);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --busy_workers_;
+      }
+      workers_done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_workers_, workers_done_;
+  bool stopping_ = false;
+  std::size_t generation_ = 0;
+  const std::function<void(std::size_t)>* job_ = nullptr;
+  std::vector<std::exception_ptr>* failures_ = nullptr;
+  std::size_t tasks_ = 0;
+  std::size_t busy_workers_ = 0;
+  std::atomic<std::size_t> next_task_{0};
+};
+
+}  // namespace detail
+}  // namespace towerpipe

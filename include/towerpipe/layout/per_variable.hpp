@@ -1,0 +1,49 @@
+#pragma once
+// layout::per_variable<T> — every variable in its own allocation, as TensorFlow keeps them.
+//
+// A layout is a policy: `value_type` plus `buffer<Memory>`, the storage of one role (the parameters,
+// one tower's gradients, one optimizer slot) for a whole variable_set. Every buffer offers
+// view(i) / data(i) for variable i and fill(value); the backends need nothing else.
+
+#include <cstddef>
+#include <vector>
+
+#include "towerpipe/core/tensor_view.hpp"
+#include "towerpipe/core/variable_set.hpp"
+
+namespace towerpipe {
+namespace layout {
+
+template <class T>
+struct per_variable {
+  using value_type = T;
+  static constexpr const char* name = "per_variable";
+  // Each allocation starts on a 256-byte boundary, like cudaMalloc's, so vector loads stay aligned.
+  static constexpr std::size_t alignment = 256;
+
+  template <class Memory>
+  class buffer {
+   public:
+    explicit buffer(const variable_set& variables) : variables_(&variables) {
+      allocations_.reserve(variables.count());
+      for (const variable& v : variables) allocations_.push_back(Memory::template allocate<T>(v.size, alignment));
+    }
+
+    T* data(std::size_t index) const { return allocations_[index].get(); }
+    tensor_view<T> view(std::size_t index) const { return {data(index), (*variables_)[index].shape}; }
+    const variable_set& variables() const { return *variables_; }
+
+    void fill(T value) {
+      for (std::size_t i = 0; i < allocations_.size(); ++i) {
+        for (T& element : view(i)) element = value;
+      }
+    }
+
+   private:
+    const variable_set* variables_;
+    std::vector<typename Memory::template owner<T>> allocations_;
+  };
+};
+
+}  // namespace layout
+}  // namespace towerpipe

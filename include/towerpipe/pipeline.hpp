@@ -1,0 +1,177 @@
+#pragma once
+// pipeline<Exec, Reduce, Optim, Layout> — one synchronous data-parallel training step:
+//
+//   batch --split--> shard_i --tower fn--> gradients_i --average+apply--> parameters --broadcast--> towers
+//
+// instantiated from compile-time policies: the execution space of the towers (exec::host, ...), the
+// reduction backend (reduce::host, ...), the optimizer (optim::sgd, optim::adam, optim::adamw) and the
+// layout of parameters, gradients and optimizer state (layout::per_variable<T>, layout::flat<T>).
+//
+// Guarantees: a step either completes or changes nothing (bad batch, a tower that throws or leaves a
+// gradient unwritten: a towerpipe::error, parameters, optimizer state and step count untouched, the
+// pipeline still usable); the average is taken in the canonical tower order, so parameters are bitwise
+// reproducible and equal across backends and layouts.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/core/policy_kinds.hpp"
+#include "towerpipe/core/tensor_view.hpp"
+#include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/layout/batch.hpp"
+#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/split.hpp"
+#include "towerpipe/stats.hpp"
+
+namespace towerpipe {
+
+struct pipeline_options {
+  split_policy split = split_policy::weighted;
+  // CPU threads of the host execution space (towers and host reduction); 0: max(towers, cores).
+  std::size_t host_threads = 0;
+};
+
+template <class Exec, class Reduce, class Optim, class Layout>
+class pipeline {
+  static_assert(detail::is_policy_of_kind<Exec, detail::exec_policy_kind>::value,
+                "towerpipe::pipeline: the first parameter must be an execution space: exec::host "
+                "(or exec::cuda from <towerpipe/cuda.cuh>)");
+  static_assert(detail::is_policy_of_kind<Reduce, detail::reduce_policy_kind>::value,
+                "towerpipe::pipeline: the second parameter must be a reduction backend: reduce::host "
+                "(or reduce::device0, reduce::p2p_tree from <towerpipe/cuda.cuh>)");
+  static_assert(std::is_floating_point<typename Layout::value_type>::value,
+                "towerpipe::pipeline: the fourth parameter must be a layout of float or double: "
+                "layout::per_variable<T> or layout::flat<T>");
+
+ public:
+  using value_type = typename Layout::value_type;
+  using hyper_parameters = typename Optim::hyper_parameters;
+  using towers_type = typename Exec::template towers<Layout>;
+  using reducer_type = typename reducer_for<Exec, Reduce, Optim, Layout>::type;
+  using tower_context = typename towers_type::context;
+
+  pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
+           const pipeline_options& options = {})
+      : variables_(std::make_unique<variable_set>(std::move(variables))),
+        inputs_(std::move(inputs)),
+        options_(options),
+        hyper_parameters_(checked(h)) {
+    if (towers == 0) detail::fail("a pipeline needs at least one tower");
+    if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
+    const std::size_t threads =
+        options.host_threads != 0 ? options.host_threads
+                                  : std::max<std::size_t>(towers, std::thread::hardware_concurrency());
+    towers_ = std::make_unique<towers_type>(*variables_, towers, threads);
+    reducer_ = std::make_unique<reducer_type>(*variables_, hyper_parameters_);
+  }
+
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
+
+  const variable_set& variables() const { return *variables_; }
+  const std::vector<input_spec>& inputs() const { return inputs_; }
+  std::size_t towers() const { return towers_->towers(); }
+  std::int64_t steps_done() const { return steps_done_; }
+
+  const hyper_parameters& hyper() const { return hyper_parameters_; }
+  // For schedules: takes effect from the next step; validated first, so a bad value changes nothing.
+  void set_hyper(const hyper_parameters& h) {
+    if (Optim::state_slots(h) != Optim::state_slots(hyper_parameters_))
+      detail::fail(Optim::name, ": new hyper-parameters need ", Optim::state_slots(h),
+                   " optimizer state slot(s), the pipeline was built with ", Optim::state_slots(hyper_parameters_));
+    hyper_parameters_ = checked(h);
+  }
+
+  // Parameters, read-only between steps.
+  tensor_view<const value_type> parameter(std::size_t index) const {
+    variables_->check_index(index);
+    return reducer_->parameters().view(index);
+  }
+  tensor_view<const value_type> parameter(const std::string& name) const { return parameter(variables_->index_of(name)); }
+
+  void set_parameter(std::size_t index, const value_type* values, std::size_t count) {
+    variables_->check_index(index);
+    const variable& v = (*variables_)[index];
+    if (count != v.size)
+      detail::fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ",
+                   v.size);
+    std::copy(values, values + count, reducer_->parameters().data(index));
+  }
+  void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
+    set_parameter(variables_->index_of(name), values, count);
+  }
+
+  // Calls init(variable, view) for every variable in order, e.g. to draw initial weights.
+  void initialize(const std::function<void(const variable&, tensor_view<value_type>)>& init) {
+    for (std::size_t i = 0; i < variables_->count(); ++i) init((*variables_)[i], reducer_->parameters().view(i));
+  }
+
+  // Optimizer state slot `slot` (see the optimizer's header for what each slot holds).
+  tensor_view<const value_type> optimizer_state(std::size_t slot, std::size_t index) const {
+    if (slot >= reducer_->state_slots())
+      detail::fail(Optim::name, " has ", reducer_->state_slots(), " state slot(s) here; slot ", slot, " requested");
+    variables_->check_index(index);
+    return reducer_->state(slot).view(index);
+  }
+
+  // One training step. fn(tower_context&) runs once per tower, writes the mean gradient of every
+  // variable over its shard and returns its loss (anything convertible to double).
+  template <class TowerFn>
+  step_stats step(const batch& examples, TowerFn&& fn) {
+    using clock = std::chrono::steady_clock;
+    const auto seconds_since = [](clock::time_point start) {
+      return std::chrono::duration<double>(clock::now() - start).count();
+    };
+    step_stats stats;
+    const auto start = clock::now();
+
+    examples.check_against(inputs_);
+    const std::vector<shard> shards = plan_split(examples.examples(), towers(), options_.split);
+    std::vector<value_type> weights(shards.size());
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      weights[i] = static_cast<value_type>(shards[i].weight);
+      stats.examples += shards[i].examples;
+    }
+    stats.stages.split = seconds_since(start);
+
+    auto stage_start = clock::now();
+    stats.tower_loss = towers_->run(examples, shards, reducer_->parameters(), fn);
+    stats.stages.towers = seconds_since(stage_start);
+
+    stage_start = clock::now();
+    const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
+    reducer_->average_and_apply(*towers_, weights, constants);
+    stats.stages.reduce = seconds_since(stage_start);
+
+    ++steps_done_;
+    stats.step = steps_done_;
+    for (std::size_t i = 0; i < shards.size(); ++i) stats.loss += shards[i].weight * stats.tower_loss[i];
+    stats.seconds = seconds_since(start);
+    stats.examples_per_second = stats.seconds > 0 ? static_cast<double>(stats.examples) / stats.seconds : 0.0;
+    return stats;
+  }
+
+ private:
+  static const hyper_parameters& checked(const hyper_parameters& h) {
+    Optim::validate(h);
+    return h;
+  }
+
+  std::unique_ptr<variable_set> variables_;  // on the heap: buffers keep a pointer to it
+  std::vector<input_spec> inputs_;
+  pipeline_options options_;
+  hyper_parameters hyper_parameters_;
+  std::unique_ptr<towers_type> towers_;
+  std::unique_ptr<reducer_type> reducer_;
+  std::int64_t steps_done_ = 0;
+};
+
+}  // namespace towerpipe

@@ -1,0 +1,79 @@
+#pragma once
+// The one summation order over towers that every backend follows (DESIGN.md §2, invariant 2).
+//
+// Definition: start with s_i = w_i * g_i; in round r = 0, 1, ..., every i divisible by 2^(r+1) with
+// i + 2^r < N does s_i = s_i + s_(i + 2^r); the result is s_0. This is the p2p tree's own order, so a
+// tree of devices can follow it without extra traffic.
+//
+// canonical_tree_reduce evaluates that tree in one left-to-right pass over the towers with a stack of
+// partial sums (the binary-counter form of a pairwise sum): after leaf i is pushed, it is merged with the
+// stack's top once per trailing one bit of i; at the end the stack folds from the top. Only
+// canonical_slots(N) <= log2(N) + 1 partials are alive at once, so the same code serves one element in
+// registers and a block of elements in scratch arrays. The left operand of every addition is the partial
+// of lower tower index.
+
+#include <type_traits>
+
+#include "towerpipe/core/config.hpp"
+#include "towerpipe/core/rounded_math.hpp"
+
+namespace towerpipe {
+
+// Scratch slots canonical_tree_reduce needs for n towers: bit_width(n - 1) + 1.
+TOWERPIPE_HOST_DEVICE constexpr int canonical_slots(int towers) {
+  int slots = 1;
+  for (int rest = towers - 1; rest > 0; rest >>= 1) ++slots;
+  return slots;
+}
+
+// load(tower, slot): puts tower's weighted value into scratch slot `slot`.
+// combine(left, right): slot[left] = slot[left] + slot[right].
+// The sum ends in slot 0.
+TOWERPIPE_EXEC_CHECK_DISABLE
+template <class Load, class Combine>
+TOWERPIPE_HOST_DEVICE void canonical_tree_reduce(int towers, Load&& load, Combine&& combine) {
+  int depth = 0;  // partials on the stack
+  for (int tower = 0; tower < towers; ++tower) {
+    load(tower, depth);
+    for (int bits = tower; bits & 1; bits >>= 1) {
+      combine(depth - 1, depth);
+      --depth;
+    }
+    ++depth;
+  }
+  for (--depth; depth > 0; --depth) combine(depth - 1, depth);
+}
+
+namespace detail {
+
+// The scratch slots of canonical_sum; functors rather than lambdas, so that the caller's value
+// function may be host-only when canonical_sum runs on the host.
+template <class T, class Value>
+struct scalar_tree_load {
+  T* partial;
+  Value* value;
+  TOWERPIPE_EXEC_CHECK_DISABLE
+  TOWERPIPE_HOST_DEVICE void operator()(int tower, int slot) const { partial[slot] = (*value)(tower); }
+};
+
+template <class T>
+struct scalar_tree_combine {
+  T* partial;
+  TOWERPIPE_HOST_DEVICE void operator()(int left, int right) const {
+    partial[left] = rounded_add(partial[left], partial[right]);
+  }
+};
+
+}  // namespace detail
+
+// Scalar form: the canonical sum of value(tower) over towers < n, for n <= 2^31.
+TOWERPIPE_EXEC_CHECK_DISABLE
+template <class T, class Value>
+TOWERPIPE_HOST_DEVICE T canonical_sum(int towers, Value&& value) {
+  T partial[32];
+  canonical_tree_reduce(towers, detail::scalar_tree_load<T, std::remove_reference_t<Value>>{partial, &value},
+                        detail::scalar_tree_combine<T>{partial});
+  return partial[0];
+}
+
+}  // namespace towerpipe

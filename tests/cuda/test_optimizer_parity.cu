@@ -1,0 +1,116 @@
+// The shared per-element functions (DESIGN.md §2, invariant 4) give the device bitwise the host's
+// results: each optimizer's update over many steps, and the canonical tower sum.
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include "test_support.hpp"
+
+using namespace towerpipe;
+using towerpipe_tests::first_bitwise_difference;
+using towerpipe_tests::random_source;
+
+#define REQUIRE_CUDA(call) REQUIRE((call) == cudaSuccess)
+
+namespace {
+
+template <class T>
+struct device_array {
+  T* data = nullptr;
+  explicit device_array(const std::vector<T>& host) {
+    REQUIRE_CUDA(cudaMalloc(&data, host.size() * sizeof(T)));
+    REQUIRE_CUDA(cudaMemcpy(data, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~device_array() { cudaFree(data); }
+  std::vector<T> read(std::size_t count) const {
+    std::vector<T> host(count);
+    REQUIRE_CUDA(cudaMemcpy(host.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+// steps x n gradients; state is slots x n.
+template <class Optim>
+__global__ void apply_steps(const typename Optim::template step_constants<float>* constants, int steps,
+                            const float* grads, float* params, float* state, int n, int slots) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float p = params[i];
+  float s[Optim::max_state_slots];
+  for (int k = 0; k < slots; ++k) s[k] = state[k * n + i];
+  for (int t = 0; t < steps; ++t) Optim::update(constants[t], grads[t * n + i], p, s);
+  params[i] = p;
+  for (int k = 0; k < slots; ++k) state[k * n + i] = s[k];
+}
+
+template <class Optim>
+void check_parity(const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+  constexpr int n = 4099, steps = 50;
+  random_source random(salt);
+  INFO(Optim::name << ", seed " << random.seed());
+  const int slots = Optim::state_slots(h);
+  std::vector<typename Optim::template step_constants<float>> constants;
+  for (int t = 1; t <= steps; ++t) constants.push_back(Optim::template constants<float>(h, t));
+  const std::vector<float> grads = random.normal(static_cast<std::size_t>(n) * steps);
+  std::vector<float> params = random.normal(n);
+  std::vector<float> state(static_cast<std::size_t>(slots) * n, 0.0f);  // optimizer state starts at zero
+
+  device_array<typename Optim::template step_constants<float>> d_constants(constants);
+  device_array<float> d_grads(grads), d_params(params), d_state(state.empty() ? std::vector<float>(1) : state);
+  apply_steps<Optim><<<(n + 255) / 256, 256>>>(d_constants.data, steps, d_grads.data, d_params.data, d_state.data, n,
+                                               slots);
+  REQUIRE_CUDA(cudaGetLastError());
+  REQUIRE_CUDA(cudaDeviceSynchronize());
+
+  for (int i = 0; i < n; ++i) {
+    float s[Optim::max_state_slots];
+    for (int k = 0; k < slots; ++k) s[k] = state[static_cast<std::size_t>(k) * n + i];
+    for (int t = 0; t < steps; ++t) Optim::update(constants[t], grads[static_cast<std::size_t>(t) * n + i], params[i], s);
+    for (int k = 0; k < slots; ++k) state[static_cast<std::size_t>(k) * n + i] = s[k];
+  }
+  CHECK(first_bitwise_difference(d_params.read(n), params) == -1);
+  if (slots > 0) CHECK(first_bitwise_difference(d_state.read(state.size()), state) == -1);
+}
+
+__global__ void canonical_sums(const float* values, const float* weights, int towers, int n, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = canonical_sum<float>(towers, [&](int t) { return detail::rounded_mul(weights[t], values[t * n + i]); });
+}
+
+}  // namespace
+
+TEST_CASE("device optimizer updates equal the host's bitwise", "[gpu][optim]") {
+  optim::sgd::hyper_parameters nesterov;
+  nesterov.lr = 0.05;
+  nesterov.momentum = 0.9;
+  nesterov.nesterov = true;
+  nesterov.weight_decay = 0.01;
+  check_parity<optim::sgd>(optim::sgd::hyper_parameters{}, 1);
+  check_parity<optim::sgd>(nesterov, 2);
+  optim::adam::hyper_parameters adam;
+  adam.lr = 1e-2;
+  adam.weight_decay = 0.1;
+  check_parity<optim::adam>(adam, 3);
+  check_parity<optim::adamw>(optim::adamw::hyper_parameters{}, 4);
+}
+
+TEST_CASE("the device's canonical tower sum equals the host's bitwise", "[gpu][canonical]") {
+  constexpr int n = 10007;
+  random_source random(5);
+  INFO("seed " << random.seed());
+  for (int towers = 1; towers <= 9; ++towers) {
+    INFO("towers " << towers);
+    const std::vector<float> values = random.wide(static_cast<std::size_t>(towers) * n);
+    const std::vector<float> weights = random.normal(static_cast<std::size_t>(towers));
+    device_array<float> d_values(values), d_weights(weights), d_out(std::vector<float>(n, std::nanf("")));
+    canonical_sums<<<(n + 255) / 256, 256>>>(d_values.data, d_weights.data, towers, n, d_out.data);
+    REQUIRE_CUDA(cudaGetLastError());
+    std::vector<float> expected(n);
+    for (int i = 0; i < n; ++i)
+      expected[i] = canonical_sum<float>(towers, [&](int t) { return detail::rounded_mul(weights[t], values[t * n + i]); });
+    CHECK(first_bitwise_difference(d_out.read(n), expected) == -1);
+  }
+}

@@ -1,0 +1,114 @@
+// Batches, their row- and column-major views, and the split into shards.
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <vector>
+
+using namespace towerpipe;
+
+namespace {
+// 5 examples x 3 features; element (e, f) holds 10 * e + f, stored both ways.
+std::vector<float> row_major_data() {
+  std::vector<float> data;
+  for (int e = 0; e < 5; ++e)
+    for (int f = 0; f < 3; ++f) data.push_back(static_cast<float>(10 * e + f));
+  return data;
+}
+std::vector<float> column_major_data() {
+  std::vector<float> data;
+  for (int f = 0; f < 3; ++f)
+    for (int e = 0; e < 5; ++e) data.push_back(static_cast<float>(10 * e + f));
+  return data;
+}
+}  // namespace
+
+TEST_CASE("row- and column-major inputs read the same examples, whole and sliced", "[batch]") {
+  const std::vector<float> rows = row_major_data(), columns = column_major_data();
+  batch b;
+  b.add("rows", rows.data(), 5, {3}).add("columns", columns.data(), 5, {3}, storage_order::column_major);
+  for (const char* name : {"rows", "columns"}) {
+    INFO(name);
+    const batch_view<float> whole = b.input<float>(name);
+    const batch_view<float> part = b.slice(2, 2).input<float>(name);
+    REQUIRE(part.examples() == 2);
+    REQUIRE(part.features() == 3);
+    for (std::size_t f = 0; f < 3; ++f) {
+      for (std::size_t e = 0; e < 5; ++e) CHECK(whole(e, f) == static_cast<float>(10 * e + f));
+      for (std::size_t e = 0; e < 2; ++e) CHECK(part(e, f) == static_cast<float>(10 * (e + 2) + f));
+    }
+  }
+  CHECK(b.input<float>("rows").is_row_major());
+  CHECK_FALSE(b.input<float>("columns").is_row_major());
+  CHECK(b.slice(2, 2).input<float>("columns").example_stride() == 1);
+  CHECK(b.slice(2, 2).input<float>("columns").feature_stride() == 5);
+}
+
+TEST_CASE("reading an input as the wrong type or name is an error naming it", "[batch][errors]") {
+  const std::vector<std::int32_t> labels{1, 2, 3};
+  batch b;
+  b.add("label", labels.data(), 3, {});
+  CHECK_THROWS_WITH(b.input<float>("label"), Catch::Contains("input 'label' holds int32, read as float32"));
+  CHECK_THROWS_WITH(b.input<std::int32_t>("image"), Catch::Contains("no input named 'image'"));
+  CHECK_THROWS_WITH(b.add("label", labels.data(), 3, {}), Catch::Contains("'label' added twice"));
+}
+
+TEST_CASE("a batch must match the declared inputs", "[batch][errors]") {
+  const std::vector<float> images(4 * 6);
+  const std::vector<std::int32_t> labels(4);
+  const std::vector<input_spec> specs{{"image", dtype::float32, {2, 3}}, {"label", dtype::int32, {}}};
+  batch good;
+  good.add("image", images.data(), 4, {2, 3}).add("label", labels.data(), 4, {});
+  CHECK_NOTHROW(good.check_against(specs));
+
+  batch wrong_shape;
+  wrong_shape.add("image", images.data(), 4, {3, 2}).add("label", labels.data(), 4, {});
+  CHECK_THROWS_WITH(wrong_shape.check_against(specs),
+                    Catch::Contains("input 'image' has example shape [3, 2], declared [2, 3]"));
+  batch wrong_type;
+  wrong_type.add("image", images.data(), 4, {2, 3}).add("label", images.data(), 4, {});
+  CHECK_THROWS_WITH(wrong_type.check_against(specs), Catch::Contains("input 'label' is float32, declared int32"));
+  batch missing;
+  missing.add("image", images.data(), 4, {2, 3});
+  CHECK_THROWS_WITH(missing.check_against(specs), Catch::Contains("lacks the declared input 'label'"));
+  batch extra = good;
+  extra.add("weights", images.data(), 4, {6});
+  CHECK_THROWS_WITH(extra.check_against(specs), Catch::Contains("'weights' was not declared"));
+  batch ragged;
+  ragged.add("image", images.data(), 4, {2, 3}).add("label", labels.data(), 3, {});
+  CHECK_THROWS_WITH(ragged.check_against(specs), Catch::Contains("input 'label' has 3 examples, input 'image' has 4"));
+}
+
+TEST_CASE("even batches split evenly with weight 1/N", "[split]") {
+  const std::vector<shard> shards = plan_split(12, 4, split_policy::weighted);
+  REQUIRE(shards.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(shards[i].first == 3 * i);
+    CHECK(shards[i].examples == 3);
+    CHECK(shards[i].weight == 0.25);
+  }
+}
+
+TEST_CASE("uneven batches: weighted shards b_i/B or a dropped remainder", "[split]") {
+  const std::vector<shard> weighted = plan_split(10, 4, split_policy::weighted);
+  const std::size_t sizes[] = {3, 3, 2, 2}, firsts[] = {0, 3, 6, 8};
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(weighted[i].examples == sizes[i]);
+    CHECK(weighted[i].first == firsts[i]);
+    CHECK(weighted[i].weight == static_cast<double>(sizes[i]) / 10.0);
+  }
+  const std::vector<shard> dropped = plan_split(10, 4, split_policy::drop_remainder);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(dropped[i].examples == 2);
+    CHECK(dropped[i].first == 2 * i);
+    CHECK(dropped[i].weight == 0.25);
+  }
+}
+
+TEST_CASE("a batch smaller than the tower count, or zero towers, is an error", "[split][errors]") {
+  CHECK_THROWS_WITH(plan_split(3, 4, split_policy::weighted),
+                    Catch::Contains("a batch of 3 examples cannot be split across 4 towers"));
+  CHECK_THROWS_WITH(plan_split(3, 0, split_policy::weighted), Catch::Contains("zero towers"));
+  CHECK(plan_split(4, 4, split_policy::drop_remainder).size() == 4);
+}
