@@ -11,6 +11,10 @@
 // gradient unwritten: a towerpipe::error, parameters, optimizer state and step count untouched, the
 // pipeline still usable); the average is taken in the canonical tower order, so parameters are bitwise
 // reproducible and equal across backends and layouts.
+//
+// Overlapping input with compute: stage(next) before step(fn) starts copying the next batch to the
+// towers while this step runs (exec::cuda double-buffers it); step(fn) runs on the oldest staged batch
+// and consumes it, whether it succeeds or fails. step(batch, fn) is stage(batch) + step(fn).
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +22,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -27,17 +30,12 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/layout/batch.hpp"
+#include "towerpipe/pipeline_options.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
 
 namespace towerpipe {
-
-struct pipeline_options {
-  split_policy split = split_policy::weighted;
-  // CPU threads of the host execution space (towers and host reduction); 0: max(towers, cores).
-  std::size_t host_threads = 0;
-};
 
 template <class Exec, class Reduce, class Optim, class Layout>
 class pipeline {
@@ -66,11 +64,8 @@ class pipeline {
         hyper_parameters_(checked(h)) {
     if (towers == 0) detail::fail("a pipeline needs at least one tower");
     if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
-    const std::size_t threads =
-        options.host_threads != 0 ? options.host_threads
-                                  : std::max<std::size_t>(towers, std::thread::hardware_concurrency());
-    towers_ = std::make_unique<towers_type>(*variables_, towers, threads);
-    reducer_ = std::make_unique<reducer_type>(*variables_, hyper_parameters_);
+    towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
+    reducer_ = std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_);
   }
 
   pipeline(const pipeline&) = delete;
@@ -90,20 +85,22 @@ class pipeline {
     hyper_parameters_ = checked(h);
   }
 
-  // Parameters, read-only between steps.
+  // Parameters as the towers see them, read-only between steps (copied to the host where they live on
+  // devices).
   tensor_view<const value_type> parameter(std::size_t index) const {
     variables_->check_index(index);
-    return reducer_->parameters().view(index);
+    return towers_->parameter_on_host(index);
   }
   tensor_view<const value_type> parameter(const std::string& name) const { return parameter(variables_->index_of(name)); }
 
+  // Sets a variable's parameters on every tower.
   void set_parameter(std::size_t index, const value_type* values, std::size_t count) {
     variables_->check_index(index);
     const variable& v = (*variables_)[index];
     if (count != v.size)
       detail::fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ",
                    v.size);
-    std::copy(values, values + count, reducer_->parameters().data(index));
+    towers_->set_parameter(index, values);
   }
   void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
     set_parameter(variables_->index_of(name), values, count);
@@ -111,7 +108,12 @@ class pipeline {
 
   // Calls init(variable, view) for every variable in order, e.g. to draw initial weights.
   void initialize(const std::function<void(const variable&, tensor_view<value_type>)>& init) {
-    for (std::size_t i = 0; i < variables_->count(); ++i) init((*variables_)[i], reducer_->parameters().view(i));
+    for (std::size_t i = 0; i < variables_->count(); ++i) {
+      const variable& v = (*variables_)[i];
+      std::vector<value_type> values(v.size);
+      init(v, tensor_view<value_type>(values.data(), v.shape));
+      towers_->set_parameter(i, values.data());
+    }
   }
 
   // Optimizer state slot `slot` (see the optimizer's header for what each slot holds).
@@ -119,47 +121,64 @@ class pipeline {
     if (slot >= reducer_->state_slots())
       detail::fail(Optim::name, " has ", reducer_->state_slots(), " state slot(s) here; slot ", slot, " requested");
     variables_->check_index(index);
-    return reducer_->state(slot).view(index);
+    return reducer_->state_on_host(slot, index);
   }
 
-  // One training step. fn(tower_context&) runs once per tower, writes the mean gradient of every
-  // variable over its shard and returns its loss (anything convertible to double).
+  // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
+  // At most two batches may wait: the one the next step uses and the one after.
+  void stage(const batch& examples) {
+    if (towers_->staged() >= 2) detail::fail("two batches are staged already: call step(fn) before staging more");
+    examples.check_against(inputs_);
+    towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
+  }
+
   template <class TowerFn>
   step_stats step(const batch& examples, TowerFn&& fn) {
-    using clock = std::chrono::steady_clock;
-    const auto seconds_since = [](clock::time_point start) {
-      return std::chrono::duration<double>(clock::now() - start).count();
-    };
+    const auto start = clock::now();
+    stage(examples);
+    const double staging = seconds_since(start);
+    step_stats stats = step(fn);
+    stats.stages.split += staging;
+    stats.seconds += staging;
+    stats.examples_per_second = static_cast<double>(stats.examples) / stats.seconds;
+    return stats;
+  }
+
+  // One training step on the oldest staged batch. fn(tower_context&) runs once per tower, writes the
+  // mean gradient of every variable over its shard and returns its loss (anything convertible to double).
+  template <class TowerFn>
+  step_stats step(TowerFn&& fn) {
+    if (towers_->staged() == 0) detail::fail("step(fn) needs a staged batch: call stage(batch) or step(batch, fn)");
     step_stats stats;
     const auto start = clock::now();
-
-    examples.check_against(inputs_);
-    const std::vector<shard> shards = plan_split(examples.examples(), towers(), options_.split);
+    const std::vector<shard> shards = towers_->next_shards();  // a copy: run() consumes the staged batch
     std::vector<value_type> weights(shards.size());
     for (std::size_t i = 0; i < shards.size(); ++i) {
       weights[i] = static_cast<value_type>(shards[i].weight);
       stats.examples += shards[i].examples;
     }
-    stats.stages.split = seconds_since(start);
+    stats.tower_loss = towers_->run(fn);
+    for (std::size_t i = 0; i < shards.size(); ++i) stats.loss += shards[i].weight * stats.tower_loss[i];
+    stats.stages.towers = seconds_since(start);
 
-    auto stage_start = clock::now();
-    stats.tower_loss = towers_->run(examples, shards, reducer_->parameters(), fn);
-    stats.stages.towers = seconds_since(stage_start);
-
-    stage_start = clock::now();
+    const auto reduce_start = clock::now();
     const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
-    reducer_->average_and_apply(*towers_, weights, constants);
-    stats.stages.reduce = seconds_since(stage_start);
+    reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
+    if (stats.stages.reduce == 0) stats.stages.reduce = seconds_since(reduce_start);
 
     ++steps_done_;
     stats.step = steps_done_;
-    for (std::size_t i = 0; i < shards.size(); ++i) stats.loss += shards[i].weight * stats.tower_loss[i];
     stats.seconds = seconds_since(start);
-    stats.examples_per_second = stats.seconds > 0 ? static_cast<double>(stats.examples) / stats.seconds : 0.0;
+    stats.examples_per_second = static_cast<double>(stats.examples) / stats.seconds;
     return stats;
   }
 
  private:
+  using clock = std::chrono::steady_clock;
+  static double seconds_since(clock::time_point start) {
+    return std::chrono::duration<double>(clock::now() - start).count();
+  }
+
   static const hyper_parameters& checked(const hyper_parameters& h) {
     Optim::validate(h);
     return h;

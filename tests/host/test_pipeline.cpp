@@ -238,3 +238,28 @@ TEST_CASE("set_parameter checks the size against the variable's shape", "[pipeli
                     Catch::Contains("parameter 'b' set with 5 values; its shape [4] holds 4"));
   CHECK_THROWS_WITH(f.p.parameter(7), Catch::Contains("variable index 7 is out of range (2 variables)"));
 }
+
+TEST_CASE("staged batches are stepped in order, at most two wait, a failed step consumes its batch",
+          "[pipeline][staging]") {
+  std::vector<float> first(6 * 3, 1.0f), second(6 * 3, 2.0f), third(6 * 3, 3.0f);
+  batch b1, b2, b3;
+  b1.add("x", first.data(), 6, {3});
+  b2.add("x", second.data(), 6, {3});
+  b3.add("x", third.data(), 6, {3});
+  trainer p(model_variables, model_inputs, 2, optim::adam::hyper_parameters{});
+  std::vector<float> seen;
+  const auto record = [&](trainer::tower_context& tower) {
+    if (tower.tower() == 0) seen.push_back(tower.input<float>("x")(0, 0));
+    return honest_tower(tower);
+  };
+  CHECK_THROWS_WITH(p.step(record), Catch::Contains("needs a staged batch"));
+  p.stage(b1);
+  p.stage(b2);
+  CHECK_THROWS_WITH(p.stage(b3), Catch::Contains("two batches are staged already"));
+  p.step(record);
+  p.step(b3, record);  // stages b3 behind b2, runs b2
+  CHECK_THROWS_AS(p.step([](trainer::tower_context&) -> double { throw std::runtime_error("boom"); }), towerpipe::error);
+  CHECK(p.steps_done() == 2);
+  CHECK_THROWS_WITH(p.step(record), Catch::Contains("needs a staged batch"));  // the failed step took b3
+  CHECK(seen == std::vector<float>{1.0f, 2.0f});
+}

@@ -23,7 +23,7 @@ struct host_memory {
 
   // count value-initialised elements (zeros for arithmetic T) aligned to `alignment` bytes.
   template <class T>
-  static owner<T> allocate(std::size_t count, std::size_t alignment) {
+  owner<T> allocate(std::size_t count, std::size_t alignment) const {
     void* raw = ::operator new[](count * sizeof(T), std::align_val_t(alignment));
     T* first = static_cast<T*>(raw);
     for (std::size_t i = 0; i < count; ++i) new (first + i) T();

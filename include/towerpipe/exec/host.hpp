@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <deque>
 #include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
@@ -19,7 +21,9 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/thread_pool.hpp"
+#include "towerpipe/exec/tower_failures.hpp"
 #include "towerpipe/layout/batch.hpp"
+#include "towerpipe/pipeline_options.hpp"
 #include "towerpipe/split.hpp"
 
 namespace towerpipe {
@@ -91,15 +95,25 @@ class host_tower_context {
   std::vector<char>& written_;
 };
 
-// The towers of exec::host: a thread pool and one gradient buffer per tower.
+namespace detail {
+inline std::size_t host_thread_count(std::size_t towers, const pipeline_options& options) {
+  return options.host_threads != 0 ? options.host_threads
+                                   : std::max<std::size_t>(towers, std::thread::hardware_concurrency());
+}
+}  // namespace detail
+
+// The towers of exec::host: a thread pool, the shared parameters and one gradient buffer per tower.
 template <class Layout>
 class host_towers {
  public:
+  using value_type = typename Layout::value_type;
   using buffer = typename Layout::template buffer<host_memory>;
   using context = host_tower_context<Layout>;
 
-  host_towers(const variable_set& variables, std::size_t towers, std::size_t threads)
-      : pool_(threads), written_(towers, std::vector<char>(variables.count(), 0)) {
+  host_towers(const variable_set& variables, std::size_t towers, const pipeline_options& options)
+      : pool_(detail::host_thread_count(towers, options)),
+        parameters_(variables),
+        written_(towers, std::vector<char>(variables.count(), 0)) {
     gradients_.reserve(towers);
     for (std::size_t i = 0; i < towers; ++i) gradients_.emplace_back(variables);
   }
@@ -108,51 +122,52 @@ class host_towers {
   const buffer& gradients(std::size_t tower) const { return gradients_[tower]; }
   detail::thread_pool& pool() { return pool_; }
 
-  // Runs fn(context&) for every tower and returns each tower's loss. After all towers have ended, throws
-  // if any threw or left a gradient unwritten; the message names the tower and the variable.
+  // The parameters every tower reads; the host reduction writes them between steps.
+  buffer& shared_parameters() { return parameters_; }
+  tensor_view<const value_type> parameter_on_host(std::size_t index) { return parameters_.view(index); }
+  void set_parameter(std::size_t index, const value_type* values) {
+    std::copy(values, values + parameters_.view(index).size(), parameters_.data(index));
+  }
+
+  // Keeps the batch's shards for a later run(); host towers read the caller's memory in place, so it
+  // must stay valid until that step.
+  void stage(const towerpipe::batch& whole, const std::vector<shard>& shards) {
+    std::vector<towerpipe::batch> parts;
+    for (const shard& s : shards) parts.push_back(whole.slice(s.first, s.examples));
+    staged_.push_back({std::move(parts), shards});
+  }
+  std::size_t staged() const { return staged_.size(); }
+  const std::vector<shard>& next_shards() const { return staged_.front().shard_weights; }
+
+  // Runs fn(context&) for every tower on the oldest staged batch (which it consumes, whatever the
+  // outcome) and returns each tower's loss. After all towers have ended, throws if any threw or left a
+  // gradient unwritten; the message names the tower and the variable.
   template <class TowerFn>
-  std::vector<double> run(const towerpipe::batch& whole, const std::vector<shard>& shards, const buffer& parameters,
-                          TowerFn& fn) {
+  std::vector<double> run(TowerFn& fn) {
+    const staged_batch current = std::move(staged_.front());
+    staged_.pop_front();
     std::vector<double> losses(towers());
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t tower) {
-      context ctx(tower, towers(), whole.slice(shards[tower].first, shards[tower].examples), shards[tower].weight,
-                  &parameters, &gradients_[tower], written_[tower]);
+      context ctx(tower, towers(), current.shards[tower], current.shard_weights[tower].weight, &parameters_,
+                  &gradients_[tower], written_[tower]);
       losses[tower] = static_cast<double>(fn(ctx));
     });
-    throw_first_failure(failures, parameters.variables());
+    detail::throw_tower_failures(failures, written_, parameters_.variables());
     return losses;
   }
 
  private:
-  void throw_first_failure(const std::vector<std::exception_ptr>& failures, const variable_set& variables) const {
-    const std::size_t failed = static_cast<std::size_t>(
-        std::count_if(failures.begin(), failures.end(), [](const std::exception_ptr& e) { return e != nullptr; }));
-    const std::string others =
-        failed > 1 ? detail::make_message(" (", failed - 1, " more tower(s) failed too)") : std::string();
-    for (std::size_t tower = 0; tower < failures.size(); ++tower) {
-      if (failures[tower] == nullptr) continue;
-      try {
-        std::rethrow_exception(failures[tower]);
-      } catch (const error& e) {
-        detail::fail("tower ", tower, ": ", e.message(), others);
-      } catch (const std::exception& e) {
-        detail::fail("tower ", tower, " threw: ", e.what(), others);
-      } catch (...) {
-        detail::fail("tower ", tower, " threw an exception that is not a std::exception", others);
-      }
-    }
-    for (std::size_t tower = 0; tower < written_.size(); ++tower) {
-      for (std::size_t v = 0; v < variables.count(); ++v) {
-        if (!written_[tower][v])
-          detail::fail("tower ", tower, " did not write the gradient of variable '", variables[v].name, "'");
-      }
-    }
-  }
+  struct staged_batch {
+    std::vector<towerpipe::batch> shards;
+    std::vector<shard> shard_weights;
+  };
 
   detail::thread_pool pool_;
+  buffer parameters_;
   std::vector<buffer> gradients_;
   std::vector<std::vector<char>> written_;  // [tower][variable]: gradient written this step
+  std::deque<staged_batch> staged_;
 };
 
 namespace exec {

@@ -36,10 +36,10 @@ struct flat {
   template <class Memory>
   class buffer {
    public:
-    explicit buffer(const variable_set& variables)
+    explicit buffer(const variable_set& variables, const Memory& memory = Memory{})
         : variables_(&variables),
           offsets_(offsets(variables)),
-          arena_(Memory::template allocate<T>(offsets_.back(), alignment)) {}
+          arena_(memory.template allocate<T>(offsets_.back(), alignment)) {}
 
     T* data(std::size_t index) const { return arena_.get() + offsets_[index]; }
     tensor_view<T> view(std::size_t index) const { return {data(index), (*variables_)[index].shape}; }
@@ -47,12 +47,6 @@ struct flat {
 
     T* arena() const { return arena_.get(); }
     std::size_t arena_size() const { return offsets_.back(); }
-
-    void fill(T value) {
-      for (std::size_t i = 0; i < variables_->count(); ++i) {
-        for (T& element : view(i)) element = value;
-      }
-    }
 
    private:
     const variable_set* variables_;

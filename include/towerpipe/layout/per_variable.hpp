@@ -2,8 +2,9 @@
 // layout::per_variable<T> — every variable in its own allocation, as TensorFlow keeps them.
 //
 // A layout is a policy: `value_type` plus `buffer<Memory>`, the storage of one role (the parameters,
-// one tower's gradients, one optimizer slot) for a whole variable_set. Every buffer offers
-// view(i) / data(i) for variable i and fill(value); the backends need nothing else.
+// one tower's gradients, one optimizer slot) for a whole variable_set, allocated through a memory
+// space object (host_memory, cuda_device_memory{device}). Every buffer offers view(i) / data(i) for
+// variable i; the backends need nothing else.
 
 #include <cstddef>
 #include <vector>
@@ -24,20 +25,14 @@ struct per_variable {
   template <class Memory>
   class buffer {
    public:
-    explicit buffer(const variable_set& variables) : variables_(&variables) {
+    explicit buffer(const variable_set& variables, const Memory& memory = Memory{}) : variables_(&variables) {
       allocations_.reserve(variables.count());
-      for (const variable& v : variables) allocations_.push_back(Memory::template allocate<T>(v.size, alignment));
+      for (const variable& v : variables) allocations_.push_back(memory.template allocate<T>(v.size, alignment));
     }
 
     T* data(std::size_t index) const { return allocations_[index].get(); }
     tensor_view<T> view(std::size_t index) const { return {data(index), (*variables_)[index].shape}; }
     const variable_set& variables() const { return *variables_; }
-
-    void fill(T value) {
-      for (std::size_t i = 0; i < allocations_.size(); ++i) {
-        for (T& element : view(i)) element = value;
-      }
-    }
 
    private:
     const variable_set* variables_;

@@ -20,6 +20,7 @@
 #include "towerpipe/exec/host.hpp"
 #include "towerpipe/reduce/canonical_order.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/stats.hpp"
 
 namespace towerpipe {
 
@@ -36,8 +37,8 @@ class host_reducer {
   using buffer = typename Layout::template buffer<host_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
-  host_reducer(const variable_set& variables, const hyper_parameters& h, host_reduce_policy policy = {})
-      : parameters_(variables) {
+  host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&,
+               host_reduce_policy policy = {}) {
     for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(variables);
     for (std::size_t v = 0; v < variables.count(); ++v) {
       for (std::size_t first = 0; first < variables[v].size; first += policy.chunk_elements)
@@ -45,22 +46,21 @@ class host_reducer {
     }
   }
 
-  buffer& parameters() { return parameters_; }
-  const buffer& parameters() const { return parameters_; }
-  const buffer& state(std::size_t slot) const { return state_[slot]; }
   std::size_t state_slots() const { return state_.size(); }
+  tensor_view<const value_type> state_on_host(std::size_t slot, std::size_t index) { return state_[slot].view(index); }
 
-  // parameters = update(canonical_sum_i(weights[i] * gradients(i)), parameters, state) for every element.
-  template <class Towers>
-  void average_and_apply(Towers& towers, const std::vector<value_type>& weights,
-                         const typename Optim::template step_constants<value_type>& constants) {
+  // parameters = update(canonical_sum_i(weights[i] * gradients(i)), parameters, state) for every element,
+  // in the towers' shared parameters: there is nothing to broadcast.
+  void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
+                         const typename Optim::template step_constants<value_type>& constants, stage_seconds&) {
+    buffer& parameters = towers.shared_parameters();
     std::vector<std::exception_ptr> failures = towers.pool().run(chunks_.size(), [&](std::size_t c) {
       const chunk& work = chunks_[c];
       std::vector<const value_type*> gradients(towers.towers());
       for (std::size_t t = 0; t < gradients.size(); ++t) gradients[t] = towers.gradients(t).data(work.variable);
       for (std::size_t first = work.first; first < work.first + work.count; first += host_reduce_policy::block_elements) {
         const std::size_t count = std::min(host_reduce_policy::block_elements, work.first + work.count - first);
-        apply_block(work.variable, first, count, gradients, weights, constants);
+        apply_block(parameters.data(work.variable) + first, work.variable, first, count, gradients, weights, constants);
       }
     });
     for (const std::exception_ptr& failure : failures) {
@@ -73,7 +73,7 @@ class host_reducer {
     std::size_t variable, first, count;
   };
 
-  void apply_block(std::size_t variable, std::size_t first, std::size_t count,
+  void apply_block(value_type* p, std::size_t variable, std::size_t first, std::size_t count,
                    const std::vector<const value_type*>& gradients, const std::vector<value_type>& weights,
                    const typename Optim::template step_constants<value_type>& constants) {
     value_type scratch[32][host_reduce_policy::block_elements];
@@ -88,7 +88,6 @@ class host_reducer {
           for (std::size_t k = 0; k < count; ++k) scratch[left][k] = detail::rounded_add(scratch[left][k], scratch[right][k]);
         });
 
-    value_type* p = parameters_.data(variable) + first;
     value_type* slots[Optim::max_state_slots] = {};
     const std::size_t active_slots = state_.size();
     for (std::size_t s = 0; s < active_slots; ++s) slots[s] = state_[s].data(variable) + first;
@@ -100,7 +99,6 @@ class host_reducer {
     }
   }
 
-  buffer parameters_;
   std::vector<buffer> state_;  // one buffer per optimizer state slot
   std::vector<chunk> chunks_;
 };

@@ -1,0 +1,21 @@
+#pragma once
+// Run-time options of a pipeline; each execution space reads the ones that concern it.
+
+#include <cstddef>
+#include <vector>
+
+#include "towerpipe/split.hpp"
+
+namespace towerpipe {
+
+struct pipeline_options {
+  split_policy split = split_policy::weighted;
+  // CPU threads that run the tower functions (and, for exec::host, the host reduction);
+  // 0: max(towers, cores).
+  std::size_t host_threads = 0;
+  // exec::cuda: tower i runs on devices[i % devices.size()]; empty: towers round-robin over every
+  // visible device. Several towers may share a device.
+  std::vector<int> devices;
+};
+
+}  // namespace towerpipe
