@@ -21,6 +21,7 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/thread_pool.hpp"
+#include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/exec/tower_failures.hpp"
 #include "towerpipe/layout/batch.hpp"
 #include "towerpipe/pipeline_options.hpp"
@@ -31,68 +32,25 @@ namespace towerpipe {
 template <class Layout>
 class host_towers;
 
-// What a tower function sees: its shard of the batch, the parameters, and its gradient buffers, into
-// which it writes the MEAN gradient over its shard. Every variable's gradient must be written each step,
-// through gradient(i) (a writable view) or write_gradient(i, values, count).
+// A host tower's view of the step (exec/tower_context.hpp); everything lives in host memory.
 template <class Layout>
-class host_tower_context {
+class host_tower_context
+    : public tower_context_base<typename Layout::template buffer<host_memory>, typename Layout::value_type> {
+  using base = tower_context_base<typename Layout::template buffer<host_memory>, typename Layout::value_type>;
+
  public:
   using value_type = typename Layout::value_type;
-  using buffer = typename Layout::template buffer<host_memory>;
-
-  std::size_t tower() const { return tower_; }
-  std::size_t towers() const { return towers_; }
-  const towerpipe::batch& shard() const { return shard_; }
-  template <class T>
-  batch_view<T> input(const std::string& name) const { return shard_.input<T>(name); }
-  std::size_t examples() const { return shard_.examples(); }
-  double weight() const { return weight_; }  // this tower's share of the batch, b_i / B
-  const variable_set& variables() const { return parameters_->variables(); }
-
-  tensor_view<const value_type> parameter(std::size_t index) const {
-    variables().check_index(index);
-    return parameters_->view(index);
-  }
-  tensor_view<const value_type> parameter(const std::string& name) const { return parameter(variables().index_of(name)); }
-
-  tensor_view<value_type> gradient(std::size_t index) {
-    variables().check_index(index);
-    written_[index] = 1;
-    return gradients_->view(index);
-  }
-  tensor_view<value_type> gradient(const std::string& name) { return gradient(variables().index_of(name)); }
 
   void write_gradient(std::size_t index, const value_type* values, std::size_t count) {
-    variables().check_index(index);
-    const variable& v = variables()[index];
-    if (count != v.size)
-      detail::fail("gradient of variable '", v.name, "' written with ", count, " elements; its shape ",
-                   to_string(v.shape), " holds ", v.size);
-    std::copy(values, values + count, gradients_->data(index));
-    written_[index] = 1;
+    std::copy(values, values + count, this->gradient_destination(index, count));
   }
   void write_gradient(const std::string& name, const value_type* values, std::size_t count) {
-    write_gradient(variables().index_of(name), values, count);
+    write_gradient(this->variables().index_of(name), values, count);
   }
 
  private:
   friend class host_towers<Layout>;
-  host_tower_context(std::size_t tower, std::size_t towers, towerpipe::batch shard, double weight,
-                     const buffer* parameters, buffer* gradients, std::vector<char>& written)
-      : tower_(tower),
-        towers_(towers),
-        shard_(std::move(shard)),
-        weight_(weight),
-        parameters_(parameters),
-        gradients_(gradients),
-        written_(written) {}
-
-  std::size_t tower_, towers_;
-  towerpipe::batch shard_;
-  double weight_;
-  const buffer* parameters_;
-  buffer* gradients_;
-  std::vector<char>& written_;
+  using base::base;
 };
 
 namespace detail {
@@ -150,7 +108,7 @@ class host_towers {
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t tower) {
       context ctx(tower, towers(), current.shards[tower], current.shard_weights[tower].weight, &parameters_,
-                  &gradients_[tower], written_[tower]);
+                  &gradients_[tower], &written_[tower]);
       losses[tower] = static_cast<double>(fn(ctx));
     });
     detail::throw_tower_failures(failures, written_, parameters_.variables());

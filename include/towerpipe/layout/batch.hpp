@@ -92,7 +92,8 @@ class batch_input {
         element_size_(sizeof(T)),
         data_(data),
         examples_(examples),
-        example_shape_(std::move(example_shape)) {
+        example_shape_(std::move(example_shape)),
+        order_(order) {
     const std::size_t features = element_count(example_shape_);
     example_stride_ = order == storage_order::row_major ? features : 1;
     feature_stride_ = order == storage_order::row_major ? 1 : examples;
@@ -102,6 +103,9 @@ class batch_input {
   towerpipe::dtype type() const { return type_; }
   std::size_t examples() const { return examples_; }
   const towerpipe::shape& example_shape() const { return example_shape_; }
+  storage_order order() const { return order_; }
+  const void* raw_data() const { return data_; }
+  std::size_t feature_stride() const { return feature_stride_; }  // in elements
 
   // The examples [first, first + count) of this input.
   batch_input slice(std::size_t first, std::size_t count) const {
@@ -126,6 +130,7 @@ class batch_input {
   const void* data_;
   std::size_t examples_;
   towerpipe::shape example_shape_;
+  storage_order order_;
   std::size_t example_stride_ = 0, feature_stride_ = 0;
 };
 

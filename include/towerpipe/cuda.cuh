@@ -1,0 +1,10 @@
+#pragma once
+// towerpipe with CUDA (compile with nvcc): everything of <towerpipe/towerpipe.hpp> plus exec::cuda
+// (towers on GPUs) and the device reductions reduce::device0 and reduce::p2p_tree.
+
+#include "towerpipe/towerpipe.hpp"
+
+#include "towerpipe/cuda/check.cuh"
+#include "towerpipe/exec/cuda.cuh"
+#include "towerpipe/reduce/device0.cuh"
+#include "towerpipe/reduce/p2p_tree.cuh"

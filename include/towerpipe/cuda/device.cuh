@@ -1,0 +1,98 @@
+#pragma once
+// Owning wrappers of the CUDA objects the towers use — streams, events — and the current-device guard.
+// Each remembers its device, so that destroying it from any thread is correct.
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/cuda/check.cuh"
+
+namespace towerpipe {
+namespace detail {
+
+inline int cuda_device_count() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    return 0;
+  }
+  TOWERPIPE_CUDA_CHECK(status);
+  return count;
+}
+
+// Makes `device` current for the guard's lifetime.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    TOWERPIPE_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (device != previous_) TOWERPIPE_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~device_guard() { cudaSetDevice(previous_); }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+class cuda_stream {
+ public:
+  explicit cuda_stream(int device) : device_(device) {
+    device_guard on(device);
+    TOWERPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~cuda_stream() {
+    if (stream_ == nullptr) return;
+    device_guard on(device_);
+    cudaStreamDestroy(stream_);
+  }
+  cuda_stream(cuda_stream&& other) noexcept
+      : device_(other.device_), stream_(std::exchange(other.stream_, nullptr)) {}
+  cuda_stream& operator=(cuda_stream&&) = delete;
+
+  cudaStream_t get() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+};
+
+class cuda_event {
+ public:
+  // Timing events cost a little more; ordering-only events are created without timing.
+  explicit cuda_event(int device, bool timing = false) : device_(device) {
+    device_guard on(device);
+    TOWERPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  ~cuda_event() {
+    if (event_ == nullptr) return;
+    device_guard on(device_);
+    cudaEventDestroy(event_);
+  }
+  cuda_event(cuda_event&& other) noexcept : device_(other.device_), event_(std::exchange(other.event_, nullptr)) {}
+  cuda_event& operator=(cuda_event&&) = delete;
+
+  cudaEvent_t get() const { return event_; }
+  void record(const cuda_stream& stream) const { TOWERPIPE_CUDA_CHECK(cudaEventRecord(event_, stream.get())); }
+  // Work enqueued on `stream` after this waits for the event (across devices too).
+  void make_wait(const cuda_stream& stream) const { TOWERPIPE_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), event_, 0)); }
+  void synchronize() const { TOWERPIPE_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Milliseconds between two timing events recorded on one device, converted to seconds.
+inline double seconds_between(const cuda_event& start, const cuda_event& end) {
+  float milliseconds = 0;
+  TOWERPIPE_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start.get(), end.get()));
+  return milliseconds * 1e-3;
+}
+
+}  // namespace detail
+}  // namespace towerpipe

@@ -1,0 +1,122 @@
+#pragma once
+// reduce::device0 — the parameter server on the first tower's device. One fused multi-tensor kernel per
+// step reads every tower's gradient once (directly from other devices where peer access allows),
+// averages in the canonical order, applies the optimizer with the state held on that device, and writes
+// the new parameters into every tower's replica once. Bytes moved per parameter: 4N read + state
+// (read and written) + 4N written.
+//
+// Without peer access to a tower's device, that tower's gradients are first copied to a staging buffer
+// on the root device and its replica is written back from one (cudaMemcpyPeerAsync), with a one-time
+// warning through the log sink.
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "towerpipe/core/log.hpp"
+#include "towerpipe/core/policy_kinds.hpp"
+#include "towerpipe/cuda/buffer_copy.cuh"
+#include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/multi_tensor_launch.cuh"
+#include "towerpipe/exec/cuda.cuh"
+#include "towerpipe/reduce/device_state.cuh"
+#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/stats.hpp"
+
+namespace towerpipe {
+
+template <class Optim, class Layout, class Policy = multi_tensor_policy>
+class device0_reducer {
+ public:
+  using T = typename Layout::value_type;
+  using device_buffer = typename Layout::template buffer<cuda_device_memory>;
+  using hyper_parameters = typename Optim::hyper_parameters;
+
+  device0_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
+      : root_(towers.device(0)),
+        stream_(root_),
+        start_(root_, true),
+        end_(root_, true),
+        state_(variables, Optim::state_slots(h), root_),
+        chunks_(make_chunk_table(variables, Policy::chunk_elements), root_) {
+    detail::check_device_tower_count("reduce::device0", towers.towers());
+    const int count = static_cast<int>(variables.count());
+    std::vector<device_buffer*> gradient_roles, replica_roles;
+    staged_.resize(towers.towers());
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      if (towers.can_access(root_, towers.device(t))) {
+        gradient_roles.push_back(&towers.gradients(t));
+        replica_roles.push_back(&towers.replica(t));
+        continue;
+      }
+      log_warning(detail::make_message("reduce::device0: device ", root_, " has no peer access to device ",
+                                       towers.device(t), " (tower ", t, "); its gradients and parameters are copied"));
+      staged_[t] = std::make_unique<staging>(variables, root_);
+      gradient_roles.push_back(&staged_[t]->gradients);
+      replica_roles.push_back(&staged_[t]->replica);
+    }
+    gradients_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(gradient_roles), count, root_);
+    replicas_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(replica_roles), count, root_);
+  }
+
+  std::size_t state_slots() const { return static_cast<std::size_t>(state_.slots()); }
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) { return state_.on_host(slot, index); }
+
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
+                         const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    detail::device_guard on(root_);
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      towers.gradients_ready(t).make_wait(stream_);
+      if (staged_[t])
+        detail::copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
+    }
+    start_.record(stream_);
+    const optimizer_apply<Optim, T> apply{replicas_->view(), state_.table(), static_cast<int>(towers.towers()),
+                                          state_.slots(), constants};
+    detail::launch_fused_apply<Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
+                                         weights, apply);
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      if (staged_[t]) detail::copy_buffer_async(towers.replica(t), towers.device(t), staged_[t]->replica, root_, stream_);
+    }
+    // The towers' next work waits for their new parameters; the host waits for the last write.
+    end_.record(stream_);
+    for (std::size_t t = 0; t < towers.towers(); ++t) end_.make_wait(towers.stream(t));
+    end_.synchronize();
+    stages.reduce = detail::seconds_between(start_, end_);
+  }
+
+ private:
+  struct staging {
+    staging(const variable_set& variables, int device)
+        : gradients(variables, cuda_device_memory{device}), replica(variables, cuda_device_memory{device}) {}
+    device_buffer gradients, replica;
+  };
+
+  int root_;
+  detail::cuda_stream stream_;
+  detail::cuda_event start_, end_;
+  detail::device_optimizer_state<Optim, Layout> state_;
+  device_chunk_table chunks_;
+  std::vector<std::unique_ptr<staging>> staged_;  // null where the root reads the tower directly
+  std::unique_ptr<device_pointer_table<T>> gradients_, replicas_;
+};
+
+namespace reduce {
+
+// Parameter server on the first tower's device, fused (see the top of this header).
+struct device0 {
+  using policy_kind = detail::reduce_policy_kind;
+  static constexpr const char* name = "device0";
+};
+
+}  // namespace reduce
+
+template <class Optim, class Layout>
+struct reducer_for<exec::cuda, reduce::device0, Optim, Layout> {
+  using type = device0_reducer<Optim, Layout>;
+};
+
+}  // namespace towerpipe

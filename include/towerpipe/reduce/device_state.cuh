@@ -1,0 +1,89 @@
+#pragma once
+// Pieces the device reductions share: the optimizer state on the device that applies the optimizer
+// (with a host mirror for reading it between steps), and the launch of the fused agent with the tower
+// count fixed at compile time where it is small.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "towerpipe/core/host_memory.hpp"
+#include "towerpipe/core/tensor_view.hpp"
+#include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/cuda/check.cuh"
+#include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/memory.cuh"
+#include "towerpipe/cuda/multi_tensor_launch.cuh"
+#include "towerpipe/reduce/multi_tensor.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+template <class Optim, class Layout>
+class device_optimizer_state {
+ public:
+  using T = typename Layout::value_type;
+  using device_buffer = typename Layout::template buffer<cuda_device_memory>;
+
+  device_optimizer_state(const variable_set& variables, int slots, int device)
+      : device_(device), host_mirror_(variables) {
+    for (int s = 0; s < slots; ++s) slots_.emplace_back(variables, cuda_device_memory{device});
+    std::vector<device_buffer*> roles;
+    for (device_buffer& slot : slots_) roles.push_back(&slot);
+    // An empty table still needs one entry to allocate.
+    std::vector<T*> pointers = gather_pointers<T>(roles);
+    if (pointers.empty()) pointers.push_back(nullptr);
+    table_ = std::make_unique<device_pointer_table<T>>(pointers, static_cast<int>(variables.count()), device);
+  }
+
+  int slots() const { return static_cast<int>(slots_.size()); }
+  pointer_table<T> table() const { return table_->view(); }
+
+  // Call only when no reduction is in flight (between steps).
+  tensor_view<const T> on_host(std::size_t slot, std::size_t index) {
+    device_guard on(device_);
+    TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+    const tensor_view<T> target = host_mirror_.view(index);
+    TOWERPIPE_CUDA_CHECK(cudaMemcpy(target.data(), slots_[slot].data(index), target.size() * sizeof(T),
+                                    cudaMemcpyDeviceToHost));
+    return target;
+  }
+
+ private:
+  int device_;
+  std::vector<device_buffer> slots_;
+  typename Layout::template buffer<host_memory> host_mirror_;
+  std::unique_ptr<device_pointer_table<T>> table_;
+};
+
+// Launches fused_apply_agent<Optim, T, N> with N = towers for 1..8 (unrolled), else N = 0 (run time).
+template <class Optim, class T>
+void launch_fused_apply(const device_chunk_table& chunks, const cuda_stream& stream, int towers,
+                        const pointer_table<const T>& gradients, const std::vector<T>& weights,
+                        const optimizer_apply<Optim, T>& apply) {
+  const auto launch = [&](auto towers_constant) {
+    fused_apply_agent<Optim, T, decltype(towers_constant)::value> agent{gradients, towers, {}, apply};
+    for (int t = 0; t < towers; ++t) agent.weights[t] = weights[static_cast<std::size_t>(t)];
+    chunks.launch(agent, stream);
+  };
+  switch (towers) {
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    case 3: return launch(std::integral_constant<int, 3>{});
+    case 4: return launch(std::integral_constant<int, 4>{});
+    case 5: return launch(std::integral_constant<int, 5>{});
+    case 6: return launch(std::integral_constant<int, 6>{});
+    case 7: return launch(std::integral_constant<int, 7>{});
+    case 8: return launch(std::integral_constant<int, 8>{});
+    default: return launch(std::integral_constant<int, 0>{});
+  }
+}
+
+inline void check_device_tower_count(const char* backend, std::size_t towers) {
+  if (towers > static_cast<std::size_t>(max_device_towers))
+    fail(backend, " takes at most ", max_device_towers, " towers, ", towers, " requested");
+}
+
+}  // namespace detail
+}  // namespace towerpipe

@@ -1,0 +1,174 @@
+#pragma once
+// reduce::p2p_tree — the canonical tree itself, run by the towers: in round r tower i adds tower
+// i + 2^r's partial sum into its own gradient buffer (reduce/canonical_order.hpp), on its own stream,
+// reading the other tower's buffer directly where peer access allows; the last edge, into tower 0, is
+// fused with the optimizer (state on tower 0's device) and tower 0's replica. The new parameters then
+// go back down the same tree: each tower pulls its parent's replica on its own stream.
+//
+// Without peer access along an edge, the other tower's buffer is first copied into a scratch buffer on
+// the reading tower's device (cudaMemcpyPeerAsync), with a one-time warning through the log sink.
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "towerpipe/core/log.hpp"
+#include "towerpipe/core/policy_kinds.hpp"
+#include "towerpipe/cuda/buffer_copy.cuh"
+#include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/multi_tensor_launch.cuh"
+#include "towerpipe/exec/cuda.cuh"
+#include "towerpipe/reduce/device_state.cuh"
+#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/stats.hpp"
+
+namespace towerpipe {
+
+template <class Optim, class Layout, class Policy = multi_tensor_policy>
+class p2p_tree_reducer {
+ public:
+  using T = typename Layout::value_type;
+  using device_buffer = typename Layout::template buffer<cuda_device_memory>;
+  using hyper_parameters = typename Optim::hyper_parameters;
+
+  p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
+      : state_(variables, Optim::state_slots(h), towers.device(0)),
+        root_start_(towers.device(0), true),
+        root_end_(towers.device(0), true) {
+    detail::check_device_tower_count("reduce::p2p_tree", towers.towers());
+    const std::size_t n = towers.towers();
+    const int count = static_cast<int>(variables.count());
+    const std::vector<T> unit_weights(n, T(1));
+    const auto rounds = canonical_tree_rounds<T>(static_cast<int>(n), unit_weights);
+    parent_.assign(n, -1);
+    for (const auto& round : rounds) {
+      for (const tree_edge<T>& edge : round) parent_[static_cast<std::size_t>(edge.right)] = edge.left;
+    }
+    for (std::size_t t = 0; t < n; ++t) {
+      const int device = towers.device(t);
+      nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements));
+      node& own = *nodes_.back();
+      // This tower's view of every tower's gradient buffer (the partial sums): direct, or its scratch.
+      std::vector<device_buffer*> sums;
+      for (std::size_t other = 0; other < n; ++other) {
+        const bool direct = towers.can_access(device, towers.device(other));
+        if (!direct && !own.scratch) {
+          own.scratch = std::make_unique<device_buffer>(variables, cuda_device_memory{device});
+          log_warning(detail::make_message("reduce::p2p_tree: tower ", t, " (device ", device,
+                                           ") reads other towers through copies: no peer access"));
+        }
+        sums.push_back(direct ? &towers.gradients(other) : own.scratch.get());
+      }
+      own.sums = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(sums), count, device);
+      std::vector<device_buffer*> target{&towers.replica(t)};
+      own.own_replica = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(target), count, device);
+      if (parent_[t] < 0) continue;
+      const std::size_t parent = static_cast<std::size_t>(parent_[t]);
+      own.pulls_directly = towers.can_access(device, towers.device(parent));
+      std::vector<device_buffer*> source{&towers.replica(parent)};
+      own.parent_replica = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(source), count, device);
+    }
+  }
+
+  std::size_t state_slots() const { return static_cast<std::size_t>(state_.slots()); }
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) { return state_.on_host(slot, index); }
+
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
+                         const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    const int n = static_cast<int>(towers.towers());
+    const auto rounds = canonical_tree_rounds<T>(n, weights);
+    const optimizer_apply<Optim, T> apply{nodes_[0]->own_replica->view(), state_.table(), 1, state_.slots(), constants};
+    // Reduce: every edge on its left tower's stream, after the right tower's last write to its buffer.
+    for (std::size_t t = 0; t < towers.towers(); ++t) nodes_[t]->partial_ready = &towers.gradients_ready(t);
+    for (std::size_t r = 0; r < rounds.size(); ++r) {
+      for (const tree_edge<T>& edge : rounds[r]) {
+        node& left = *nodes_[static_cast<std::size_t>(edge.left)];
+        const std::size_t right = static_cast<std::size_t>(edge.right);
+        const detail::cuda_stream& stream = towers.stream(static_cast<std::size_t>(edge.left));
+        detail::device_guard on(stream.device());
+        nodes_[right]->partial_ready->make_wait(stream);
+        if (left.scratch && !towers.can_access(stream.device(), towers.device(right)))
+          detail::copy_buffer_async(*left.scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
+        const bool root_edge = r + 1 == rounds.size();
+        if (root_edge) {
+          root_start_.record(stream);
+          left.chunks.launch(tree_root_agent<Optim, T>{left.sums->view(), edge, apply}, stream);
+        } else {
+          left.chunks.launch(tree_round_agent<T>{left.sums->view(), edge}, stream);
+          left.partial_done.record(stream);
+          left.partial_ready = &left.partial_done;
+        }
+      }
+    }
+    if (n == 1) {
+      detail::device_guard on(towers.device(0));
+      root_start_.record(towers.stream(0));
+      detail::launch_fused_apply<Optim, T>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(),
+                                           weights, apply);
+    }
+    root_end_.record(towers.stream(0));
+    nodes_[0]->parameters_done.record(towers.stream(0));
+
+    // Broadcast: down the tree, every tower pulls its parent's replica on its own stream.
+    for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
+      for (const tree_edge<T>& edge : *r) {
+        const std::size_t child = static_cast<std::size_t>(edge.right);
+        node& own = *nodes_[child];
+        const detail::cuda_stream& stream = towers.stream(child);
+        detail::device_guard on(stream.device());
+        nodes_[static_cast<std::size_t>(edge.left)]->parameters_done.make_wait(stream);
+        if (own.pulls_directly) {
+          own.chunks.launch(copy_agent<T>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
+        } else {
+          detail::copy_buffer_async(towers.replica(child), stream.device(), towers.replica(static_cast<std::size_t>(edge.left)),
+                                    towers.device(static_cast<std::size_t>(edge.left)), stream);
+        }
+        own.parameters_done.record(stream);
+      }
+    }
+    root_end_.synchronize();
+    const auto broadcast_start = std::chrono::steady_clock::now();  // the pulls wait for the root
+    for (const auto& own : nodes_) own->parameters_done.synchronize();
+    stages.reduce = detail::seconds_between(root_start_, root_end_);
+    stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - broadcast_start).count();
+  }
+
+ private:
+  struct node {
+    node(const variable_set& variables, int device, std::size_t chunk_elements)
+        : chunks(make_chunk_table(variables, chunk_elements), device), partial_done(device), parameters_done(device) {}
+
+    device_chunk_table chunks;
+    std::unique_ptr<device_buffer> scratch;                // only without peer access to some tower
+    std::unique_ptr<device_pointer_table<T>> sums;          // role = tower: partial sums as this tower reads them
+    std::unique_ptr<device_pointer_table<T>> parent_replica, own_replica;
+    bool pulls_directly = true;
+    detail::cuda_event partial_done, parameters_done;
+    const detail::cuda_event* partial_ready = nullptr;     // this step: the last write to this tower's sums
+  };
+
+  detail::device_optimizer_state<Optim, Layout> state_;
+  detail::cuda_event root_start_, root_end_;
+  std::vector<int> parent_;  // tower -> the tower it pulls parameters from; -1 for the root
+  std::vector<std::unique_ptr<node>> nodes_;
+};
+
+namespace reduce {
+
+// The canonical tree run by the towers themselves (see the top of this header).
+struct p2p_tree {
+  using policy_kind = detail::reduce_policy_kind;
+  static constexpr const char* name = "p2p_tree";
+};
+
+}  // namespace reduce
+
+template <class Optim, class Layout>
+struct reducer_for<exec::cuda, reduce::p2p_tree, Optim, Layout> {
+  using type = p2p_tree_reducer<Optim, Layout>;
+};
+
+}  // namespace towerpipe
