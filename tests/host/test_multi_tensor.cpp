@@ -1,0 +1,218 @@
+// The device reductions' per-element programs (reduce/multi_tensor.hpp), run on the host over the same
+// chunk and pointer tables the kernels use: they must cover every element once and give bitwise the
+// host pipeline's parameters — reduce::device0 as one fused pass, reduce::p2p_tree as tree edges, a
+// fused root and copies down the tree.
+#include <towerpipe/reduce/multi_tensor.hpp>
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "test_support.hpp"
+
+using namespace towerpipe;
+using towerpipe_tests::bits_of;
+using towerpipe_tests::first_bitwise_difference;
+using towerpipe_tests::random_source;
+
+TEST_CASE("the chunk table covers every element exactly once, in aligned chunks", "[multi_tensor]") {
+  const variable_set variables{{"a", {5000}}, {"b", {1}}, {"c", {64, 64}}, {"d", {4097}}};
+  const std::vector<tensor_chunk> chunks = make_chunk_table(variables, 1024);
+  std::vector<std::vector<int>> covered;
+  for (const variable& v : variables) covered.emplace_back(v.size, 0);
+  for (const tensor_chunk& chunk : chunks) {
+    CHECK(chunk.first % 1024 == 0);
+    CHECK(chunk.count >= 1);
+    CHECK(chunk.count <= 1024);
+    for (unsigned k = 0; k < chunk.count; ++k) ++covered[static_cast<std::size_t>(chunk.variable)][chunk.first + k];
+  }
+  for (const auto& counts : covered) {
+    for (int c : counts) REQUIRE(c == 1);
+  }
+  CHECK(chunks.size() == 5 + 1 + 4 + 5);
+}
+
+TEST_CASE("the tree rounds reproduce the canonical sum bitwise", "[multi_tensor][canonical]") {
+  random_source random(60);
+  INFO("seed " << random.seed());
+  for (int towers = 2; towers <= 17; ++towers) {
+    INFO("towers " << towers);
+    for (int trial = 0; trial < 100; ++trial) {
+      std::vector<float> raw = random.wide(static_cast<std::size_t>(towers));
+      const std::vector<float> weights = random.normal(static_cast<std::size_t>(towers));
+      const float expected = canonical_sum<float>(
+          towers, [&](int t) { return detail::rounded_mul(weights[static_cast<std::size_t>(t)], raw[static_cast<std::size_t>(t)]); });
+      float* pointers[32];
+      for (int t = 0; t < towers; ++t) pointers[t] = &raw[static_cast<std::size_t>(t)];
+      const pointer_table<float> sums{pointers, 1};
+      const auto rounds = canonical_tree_rounds<float>(towers, weights);
+      float result = 0;
+      for (std::size_t r = 0; r < rounds.size(); ++r) {
+        for (const tree_edge<float>& edge : rounds[r]) {
+          const float combined = edge.combine(sums, 0, 0);
+          if (r + 1 == rounds.size()) {
+            REQUIRE(edge.left == 0);
+            result = combined;
+          } else {
+            raw[static_cast<std::size_t>(edge.left)] = combined;
+          }
+        }
+      }
+      REQUIRE(bits_of(result) == bits_of(expected));
+    }
+  }
+}
+
+namespace {
+
+template <class Optim, class Layout>
+class emulated_devices {
+ public:
+  using buffer = typename Layout::template buffer<host_memory>;
+
+  emulated_devices(const variable_set& variables, std::size_t towers, const typename Optim::hyper_parameters& h)
+      : variables_(variables), chunks_(make_chunk_table(variables, 256)) {
+    for (std::size_t t = 0; t < towers; ++t) {
+      gradients_.emplace_back(variables);
+      replicas_.emplace_back(variables);
+    }
+    for (int s = 0; s < Optim::state_slots(h); ++s) state_.emplace_back(variables);
+    gradient_pointers_ = gather_pointers<float>(roles(gradients_));
+    replica_pointers_ = gather_pointers<float>(roles(replicas_));
+    state_pointers_ = gather_pointers<float>(roles(state_));
+    state_pointers_.push_back(nullptr);  // never empty
+  }
+
+  buffer& gradients(std::size_t t) { return gradients_[t]; }
+  buffer& replica(std::size_t t) { return replicas_[t]; }
+  int towers() const { return static_cast<int>(gradients_.size()); }
+
+  optimizer_apply<Optim, float> apply(int replica_count, const typename Optim::template step_constants<float>& c) {
+    return {replica_table(), {state_pointers_.data(), count()}, replica_count, static_cast<int>(state_.size()), c};
+  }
+  pointer_table<float> gradient_table() { return {gradient_pointers_.data(), count()}; }
+  pointer_table<float> replica_table() { return {replica_pointers_.data(), count()}; }
+  const std::vector<tensor_chunk>& chunks() const { return chunks_; }
+
+  // Poisons every replica but the root's, so that an element a pass forgets to write shows.
+  void poison_replicas() {
+    for (std::size_t t = 1; t < replicas_.size(); ++t) {
+      for (std::size_t v = 0; v < variables_.count(); ++v) {
+        for (float& x : replicas_[t].view(v)) x = std::nanf("");
+      }
+    }
+  }
+
+ private:
+  static std::vector<buffer*> roles(std::vector<buffer>& buffers) {
+    std::vector<buffer*> result;
+    for (buffer& b : buffers) result.push_back(&b);
+    return result;
+  }
+  int count() const { return static_cast<int>(variables_.count()); }
+
+  const variable_set& variables_;
+  std::vector<tensor_chunk> chunks_;
+  std::vector<buffer> gradients_, replicas_, state_;
+  std::vector<float*> gradient_pointers_, replica_pointers_, state_pointers_;
+};
+
+enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree };
+
+template <class Optim, class Layout>
+void check_emulated_backend(backend kind, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}};
+  random_source random(salt);
+  INFO(Optim::name << " " << Layout::name << ", backend " << static_cast<int>(kind) << ", seed " << random.seed());
+  for (std::size_t towers = 1; towers <= 8; ++towers) {
+    INFO(towers << " towers");
+    const std::size_t examples = 3 * towers - 1;  // uneven shards: distinct weights
+    trainer reference(variables, {{"x", dtype::float32, {1}}}, towers, h);
+    emulated_devices<Optim, Layout> devices(variables, towers, h);
+    const std::vector<shard> shards = plan_split(examples, towers, split_policy::weighted);
+    std::vector<float> weights;
+    for (const shard& s : shards) weights.push_back(static_cast<float>(s.weight));
+    for (std::size_t v = 0; v < variables.count(); ++v) {
+      const std::vector<float> initial = random.normal(variables[v].size);
+      reference.set_parameter(v, initial.data(), initial.size());
+      for (std::size_t t = 0; t < towers; ++t) std::copy(initial.begin(), initial.end(), devices.replica(t).data(v));
+    }
+    const std::vector<float> x(examples, 1.0f);
+    batch b;
+    b.add("x", x.data(), examples, {1});
+    for (std::int64_t step = 1; step <= 10; ++step) {
+      std::vector<std::vector<std::vector<float>>> grads(towers);
+      for (std::size_t t = 0; t < towers; ++t) {
+        for (const variable& v : variables) grads[t].push_back(random.wide(v.size));
+      }
+      reference.step(b, [&](typename trainer::tower_context& tower) {
+        for (std::size_t v = 0; v < variables.count(); ++v)
+          tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
+        return 0.0;
+      });
+      for (std::size_t t = 0; t < towers; ++t) {
+        for (std::size_t v = 0; v < variables.count(); ++v)
+          std::copy(grads[t][v].begin(), grads[t][v].end(), devices.gradients(t).data(v));
+      }
+      devices.poison_replicas();
+      const auto constants = Optim::template constants<float>(h, step);
+      const int n = devices.towers();
+      if (kind == backend::p2p_tree && n > 1) {
+        const auto rounds = canonical_tree_rounds<float>(n, weights);
+        for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
+          for (const tree_edge<float>& edge : rounds[r]) run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge}, devices.chunks());
+        }
+        run_agent_on_host(tree_root_agent<Optim, float>{devices.gradient_table(), rounds.back().front(), devices.apply(1, constants)},
+                          devices.chunks());
+        for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
+          for (const tree_edge<float>& edge : *r) {
+            float* const* replicas = devices.replica_table().pointers;
+            const pointer_table<const float> source{replicas + edge.left * static_cast<int>(variables.count()),
+                                                    static_cast<int>(variables.count())};
+            const pointer_table<float> target{replicas + edge.right * static_cast<int>(variables.count()),
+                                              static_cast<int>(variables.count())};
+            run_agent_on_host(copy_agent<float>{source, target, 1}, devices.chunks());
+          }
+        }
+      } else {
+        const pointer_table<const float> gradients{devices.gradient_table().pointers, static_cast<int>(variables.count())};
+        const auto apply = devices.apply(n, constants);
+        if (kind == backend::device0_runtime_towers) {
+          fused_apply_agent<Optim, float, 0> agent{gradients, n, {}, apply};
+          std::copy(weights.begin(), weights.end(), agent.weights);
+          run_agent_on_host(agent, devices.chunks());
+        } else {
+          fused_apply_agent<Optim, float, 8> eight{gradients, n, {}, apply};  // only when n == 8
+          fused_apply_agent<Optim, float, 0> any{gradients, n, {}, apply};
+          std::copy(weights.begin(), weights.end(), eight.weights);
+          std::copy(weights.begin(), weights.end(), any.weights);
+          if (n == 8) run_agent_on_host(eight, devices.chunks());
+          else run_agent_on_host(any, devices.chunks());
+        }
+      }
+      INFO("step " << step);
+      for (std::size_t t = 0; t < towers; ++t) {
+        for (std::size_t v = 0; v < variables.count(); ++v)
+          REQUIRE(first_bitwise_difference(devices.replica(t).view(v), reference.parameter(v)) == -1);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated device backends equal the host pipeline bitwise for 1..8 towers",
+                   "[multi_tensor][canonical]", layout::flat<float>, layout::per_variable<float>) {
+  optim::sgd::hyper_parameters momentum;
+  momentum.lr = 0.05;
+  momentum.momentum = 0.9;
+  momentum.weight_decay = 0.01;
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  adam.weight_decay = 0.1;
+  for (backend kind : {backend::device0_unrolled, backend::device0_runtime_towers, backend::p2p_tree}) {
+    check_emulated_backend<optim::sgd, TestType>(kind, momentum, 61);
+    check_emulated_backend<optim::adam, TestType>(kind, adam, 62);
+    check_emulated_backend<optim::adamw, TestType>(kind, optim::adamw::hyper_parameters{}, 63);
+  }
+}
