@@ -76,6 +76,10 @@ class pipeline {
   std::size_t towers() const { return towers_->towers(); }
   std::int64_t steps_done() const { return steps_done_; }
 
+  // The towers themselves (replicas, gradients, streams), for tests and for users who need more than
+  // the step interface.
+  towers_type& execution_space() { return *towers_; }
+
   const hyper_parameters& hyper() const { return hyper_parameters_; }
   // For schedules: takes effect from the next step; validated first, so a bad value changes nothing.
   void set_hyper(const hyper_parameters& h) {

@@ -1,0 +1,247 @@
+// Every device backend x layout x optimizer, for 1..8 towers on the GPU(s) present (several towers
+// per device where there are fewer devices), against the exec::host pipeline: after 10 steps on fresh
+// random gradients every replica must equal the host's parameters bitwise. Replicas other than the
+// root's are poisoned before each step, so a replica the broadcast misses shows.
+#include <towerpipe/cuda.cuh>
+
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "test_support.hpp"
+
+using namespace towerpipe;
+using towerpipe_tests::first_bitwise_difference;
+using towerpipe_tests::random_source;
+
+#define REQUIRE_CUDA(call) REQUIRE((call) == cudaSuccess)
+
+namespace {
+
+const variable_set test_variables{{"w", {300, 70}}, {"b", {70}}, {"s", {}}, {"odd", {5003}}};
+const std::vector<input_spec> test_inputs{{"x", dtype::float32, {1}}};
+
+// grads[step][tower][variable]
+using gradient_plan = std::vector<std::vector<std::vector<std::vector<float>>>>;
+
+gradient_plan draw_plan(random_source& random, std::size_t towers, int steps) {
+  gradient_plan plan(static_cast<std::size_t>(steps));
+  for (auto& step : plan) {
+    step.resize(towers);
+    for (auto& tower : step) {
+      for (const variable& v : test_variables) tower.push_back(random.wide(v.size));
+    }
+  }
+  return plan;
+}
+
+template <class Optim>
+std::vector<std::vector<float>> host_reference(const gradient_plan& plan, std::size_t towers, std::size_t examples,
+                                               const typename Optim::hyper_parameters& h,
+                                               const std::vector<std::vector<float>>& initial) {
+  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
+  trainer p(test_variables, test_inputs, towers, h);
+  for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
+  const std::vector<float> x(examples, 1.0f);
+  batch b;
+  b.add("x", x.data(), examples, {1});
+  for (const auto& step : plan) {
+    p.step(b, [&](typename trainer::tower_context& tower) {
+      for (std::size_t v = 0; v < test_variables.count(); ++v)
+        tower.write_gradient(v, step[tower.tower()][v].data(), step[tower.tower()][v].size());
+      return 0.0;
+    });
+  }
+  std::vector<std::vector<float>> result;
+  for (std::size_t v = 0; v < test_variables.count(); ++v) result.emplace_back(p.parameter(v).begin(), p.parameter(v).end());
+  return result;
+}
+
+template <class Buffer>
+std::vector<float> read_variable(const Buffer& buffer, std::size_t v) {
+  std::vector<float> host(buffer.view(v).size());
+  REQUIRE_CUDA(cudaMemcpy(host.data(), buffer.data(v), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+template <class Reduce, class Optim, class Layout>
+void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+  random_source random(salt);
+  INFO(Reduce::name << " " << Optim::name << " " << Layout::name << ", " << towers << " towers, seed " << random.seed());
+  const int steps = 10;
+  const std::size_t examples = 3 * towers - 1;  // uneven: distinct weights
+  const gradient_plan plan = draw_plan(random, towers, steps);
+  std::vector<std::vector<float>> initial;
+  for (const variable& v : test_variables) initial.push_back(random.normal(v.size));
+  const auto expected = host_reference<Optim>(plan, towers, examples, h, initial);
+
+  using trainer = pipeline<exec::cuda, Reduce, Optim, Layout>;
+  trainer p(test_variables, test_inputs, towers, h);
+  for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
+  const std::vector<float> x(examples, 1.0f);
+  batch b;
+  b.add("x", x.data(), examples, {1});
+  auto& space = p.execution_space();
+  for (const auto& step : plan) {
+    for (std::size_t t = 1; t < towers; ++t) {
+      for (std::size_t v = 0; v < test_variables.count(); ++v)
+        REQUIRE_CUDA(cudaMemset(space.replica(t).data(v), 0xFF, space.replica(t).view(v).size() * sizeof(float)));  // NaN
+    }
+    p.step(b, [&](typename trainer::tower_context& tower) {
+      for (std::size_t v = 0; v < test_variables.count(); ++v) {
+        const std::vector<float>& g = step[tower.tower()][v];
+        REQUIRE_CUDA(cudaMemcpyAsync(tower.gradient(v).data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                     tower.stream()));
+      }
+      REQUIRE_CUDA(cudaStreamSynchronize(tower.stream()));  // g lives on the host stack of this test
+      return 0.0;
+    });
+  }
+  for (std::size_t t = 0; t < towers; ++t) {
+    INFO("replica " << t);
+    for (std::size_t v = 0; v < test_variables.count(); ++v)
+      CHECK(first_bitwise_difference(read_variable(space.replica(t), v), expected[v]) == -1);
+  }
+}
+
+template <class Reduce, class Layout>
+void check_all_optimizers(std::uint64_t salt) {
+  optim::sgd::hyper_parameters momentum;
+  momentum.lr = 0.05;
+  momentum.momentum = 0.9;
+  momentum.nesterov = true;
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  adam.weight_decay = 0.1;
+  for (std::size_t towers = 1; towers <= 8; ++towers) {
+    check_backend<Reduce, optim::sgd, Layout>(towers, momentum, salt + towers);
+    check_backend<Reduce, optim::adam, Layout>(towers, adam, salt + 10 + towers);
+    check_backend<Reduce, optim::adamw, Layout>(towers, optim::adamw::hyper_parameters{}, salt + 20 + towers);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device0 equals the host pipeline bitwise (flat)", "[gpu][backends]") {
+  check_all_optimizers<reduce::device0, layout::flat<float>>(100);
+}
+TEST_CASE("device0 equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
+  check_all_optimizers<reduce::device0, layout::per_variable<float>>(200);
+}
+TEST_CASE("p2p_tree equals the host pipeline bitwise (flat)", "[gpu][backends]") {
+  check_all_optimizers<reduce::p2p_tree, layout::flat<float>>(300);
+}
+TEST_CASE("p2p_tree equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
+  check_all_optimizers<reduce::p2p_tree, layout::per_variable<float>>(400);
+}
+
+namespace {
+using small_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, layout::flat<float>>;
+const variable_set small_variables{{"w", {16}}};
+}  // namespace
+
+TEST_CASE("shards reach their towers: row- and column-major, staged ahead, in order", "[gpu][staging]") {
+  const std::size_t towers = 3, examples = 7, features = 4;
+  small_trainer p(small_variables, {{"rows", dtype::float32, {features}}, {"cols", dtype::int32, {features}}}, towers,
+                  optim::adam::hyper_parameters{});
+  std::vector<float> rows(examples * features);
+  std::vector<std::int32_t> cols(examples * features);
+  const auto batch_of = [&](int offset) {
+    for (std::size_t e = 0; e < examples; ++e) {
+      for (std::size_t f = 0; f < features; ++f) {
+        rows[e * features + f] = static_cast<float>(offset + 10 * e + f);
+        cols[f * examples + e] = static_cast<std::int32_t>(offset + 10 * e + f);
+      }
+    }
+  };
+  std::vector<std::vector<float>> rows_seen(towers);
+  std::vector<std::vector<std::int32_t>> cols_seen(towers);
+  const auto read_shard = [&](small_trainer::tower_context& tower) {
+    const auto r = tower.input<float>("rows");
+    const auto c = tower.input<std::int32_t>("cols");
+    rows_seen[tower.tower()].resize(r.examples() * features);
+    cols_seen[tower.tower()].resize(c.examples() * features);
+    REQUIRE(c.example_stride() == 1);
+    REQUIRE(c.feature_stride() == c.examples());
+    REQUIRE_CUDA(cudaMemcpyAsync(rows_seen[tower.tower()].data(), r.data(), rows_seen[tower.tower()].size() * 4,
+                                 cudaMemcpyDeviceToHost, tower.stream()));
+    REQUIRE_CUDA(cudaMemcpyAsync(cols_seen[tower.tower()].data(), c.data(), cols_seen[tower.tower()].size() * 4,
+                                 cudaMemcpyDeviceToHost, tower.stream()));
+    REQUIRE_CUDA(cudaStreamSynchronize(tower.stream()));
+    REQUIRE_CUDA(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+    return 0.0;
+  };
+  const auto check_seen = [&](int offset) {
+    const std::size_t firsts[] = {0, 3, 5}, counts[] = {3, 2, 2};
+    for (std::size_t t = 0; t < towers; ++t) {
+      INFO("tower " << t << ", batch offset " << offset);
+      for (std::size_t e = 0; e < counts[t]; ++e) {
+        for (std::size_t f = 0; f < features; ++f) {
+          const int expected = offset + static_cast<int>(10 * (firsts[t] + e) + f);
+          CHECK(rows_seen[t][e * features + f] == static_cast<float>(expected));
+          CHECK(cols_seen[t][f * counts[t] + e] == expected);
+        }
+      }
+    }
+  };
+  batch b;
+  b.add("rows", rows.data(), examples, {features}).add("cols", cols.data(), examples, {features}, storage_order::column_major);
+  batch_of(0);
+  p.stage(b);
+  batch_of(1000);  // the first batch was packed at stage(): changing the host data now must not matter
+  p.stage(b);
+  p.step(read_shard);
+  check_seen(0);
+  p.step(read_shard);
+  check_seen(1000);
+}
+
+TEST_CASE("a tower function returning nothing reports its loss through device_loss()", "[gpu][staging]") {
+  small_trainer p(small_variables, test_inputs, 2, optim::adam::hyper_parameters{});
+  const std::vector<float> x(4, 1.0f);
+  batch b;
+  b.add("x", x.data(), 4, {1});
+  const step_stats stats = p.step(b, [](small_trainer::tower_context& tower) {
+    const float loss = 1.5f + static_cast<float>(tower.tower());
+    REQUIRE_CUDA(cudaMemcpyAsync(tower.device_loss(), &loss, sizeof loss, cudaMemcpyHostToDevice, tower.stream()));
+    REQUIRE_CUDA(cudaStreamSynchronize(tower.stream()));
+    REQUIRE_CUDA(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+  });
+  CHECK(stats.tower_loss == std::vector<double>{1.5, 2.5});
+  CHECK(stats.loss == Approx(2.0));
+}
+
+TEST_CASE("bad towers and devices are clear errors; parameters stay and the pipeline still works", "[gpu][errors]") {
+  int devices = 0;
+  REQUIRE_CUDA(cudaGetDeviceCount(&devices));
+  pipeline_options missing_device;
+  missing_device.devices = {0, devices};
+  CHECK_THROWS_WITH(small_trainer(small_variables, test_inputs, 2, optim::adam::hyper_parameters{}, missing_device),
+                    Catch::Contains("tower 1: CUDA device " + std::to_string(devices) + " does not exist"));
+
+  small_trainer p(small_variables, test_inputs, 2, optim::adam::hyper_parameters{});
+  const std::vector<float> initial(16, 0.25f), x(4, 1.0f);
+  p.set_parameter(0, initial.data(), initial.size());
+  batch b;
+  b.add("x", x.data(), 4, {1});
+  const auto good = [](small_trainer::tower_context& tower) {
+    REQUIRE_CUDA(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+    return 0.0;
+  };
+  CHECK_THROWS_WITH(p.step(b, [](small_trainer::tower_context&) { return 0.0; }),
+                    Catch::Contains("tower 0 did not write the gradient of variable 'w'"));
+  CHECK_THROWS_WITH(p.step(b, [&](small_trainer::tower_context& tower) -> double {
+                      good(tower);
+                      if (tower.tower() == 1) throw std::runtime_error("cuBLAS said no");
+                      return 0.0;
+                    }),
+                    Catch::Contains("tower 1 threw: cuBLAS said no"));
+  CHECK(p.steps_done() == 0);
+  for (float v : p.parameter(0)) CHECK(v == 0.25f);
+  p.step(b, good);
+  CHECK(p.steps_done() == 1);
+  // Zero gradients: Adam leaves the parameters where they were.
+  for (float v : p.parameter(0)) CHECK(v == 0.25f);
+}
