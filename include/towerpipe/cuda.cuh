@@ -7,4 +7,5 @@
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device0.cuh"
+#include "towerpipe/reduce/host_for_cuda.cuh"
 #include "towerpipe/reduce/p2p_tree.cuh"

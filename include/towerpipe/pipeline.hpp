@@ -105,6 +105,7 @@ class pipeline {
       detail::fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ",
                    v.size);
     towers_->set_parameter(index, values);
+    reducer_->parameter_set(index, values);
   }
   void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
     set_parameter(variables_->index_of(name), values, count);
@@ -116,7 +117,7 @@ class pipeline {
       const variable& v = (*variables_)[i];
       std::vector<value_type> values(v.size);
       init(v, tensor_view<value_type>(values.data(), v.shape));
-      towers_->set_parameter(i, values.data());
+      set_parameter(i, values.data(), values.size());
     }
   }
 

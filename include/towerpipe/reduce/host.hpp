@@ -3,8 +3,8 @@
 // towers' gradients in the canonical order, applies the optimizer and writes the parameters, spread
 // over the thread pool.
 //
-// The work is a table of chunks (variable, first element, count) built once at construction — the
-// host form of a multi-tensor apply. Each chunk is processed in blocks small enough for L1: the tower
+// The work is a table of chunks (variable, first element, count; reduce/multi_tensor.hpp) built once at
+// construction — the host form of a multi-tensor apply. Each chunk is processed in blocks small enough for L1: the tower
 // tree (reduce/canonical_order.hpp) runs element-wise over scratch arrays, then the optimizer's
 // per-element update runs on the block. Every element's result depends only on its own inputs, never
 // on which thread took the chunk, so the parameters are bitwise reproducible run to run.
@@ -19,6 +19,7 @@
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/host.hpp"
 #include "towerpipe/reduce/canonical_order.hpp"
+#include "towerpipe/reduce/multi_tensor.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/stats.hpp"
 
@@ -26,41 +27,43 @@ namespace towerpipe {
 
 // Launch shape of the host reduction, a plain value struct as CUB's tuning policies are.
 struct host_reduce_policy {
-  std::size_t chunk_elements = 1 << 15;  // unit of work a thread takes from the table
-  static constexpr std::size_t block_elements = 256;  // scratch arrays: canonical_slots(N) x 256 values
+  static constexpr std::size_t chunk_elements = 1 << 15;  // unit of work a thread takes from the table
+  static constexpr std::size_t block_elements = 256;      // scratch arrays: canonical_slots(N) x 256 values
 };
 
+namespace detail {
+
+// The optimizer state in host memory and the fused pass over any range of the chunk table; shared by
+// reduce::host for host towers and for GPU towers.
 template <class Optim, class Layout>
-class host_reducer {
+class host_optimizer_pass {
  public:
   using value_type = typename Layout::value_type;
   using buffer = typename Layout::template buffer<host_memory>;
-  using hyper_parameters = typename Optim::hyper_parameters;
+  using constants_type = typename Optim::template step_constants<value_type>;
 
-  host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&,
-               host_reduce_policy policy = {}) {
+  host_optimizer_pass(const variable_set& variables, const typename Optim::hyper_parameters& h)
+      : chunks_(make_chunk_table(variables, host_reduce_policy::chunk_elements)) {
     for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(variables);
-    for (std::size_t v = 0; v < variables.count(); ++v) {
-      for (std::size_t first = 0; first < variables[v].size; first += policy.chunk_elements)
-        chunks_.push_back({v, first, std::min(policy.chunk_elements, variables[v].size - first)});
-    }
   }
 
+  const std::vector<tensor_chunk>& chunks() const { return chunks_; }
   std::size_t state_slots() const { return state_.size(); }
-  tensor_view<const value_type> state_on_host(std::size_t slot, std::size_t index) { return state_[slot].view(index); }
+  tensor_view<const value_type> state_view(std::size_t slot, std::size_t index) const { return state_[slot].view(index); }
 
-  // parameters = update(canonical_sum_i(weights[i] * gradients(i)), parameters, state) for every element,
-  // in the towers' shared parameters: there is nothing to broadcast.
-  void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
-                         const typename Optim::template step_constants<value_type>& constants, stage_seconds&) {
-    buffer& parameters = towers.shared_parameters();
-    std::vector<std::exception_ptr> failures = towers.pool().run(chunks_.size(), [&](std::size_t c) {
-      const chunk& work = chunks_[c];
-      std::vector<const value_type*> gradients(towers.towers());
-      for (std::size_t t = 0; t < gradients.size(); ++t) gradients[t] = towers.gradients(t).data(work.variable);
-      for (std::size_t first = work.first; first < work.first + work.count; first += host_reduce_policy::block_elements) {
-        const std::size_t count = std::min(host_reduce_policy::block_elements, work.first + work.count - first);
-        apply_block(parameters.data(work.variable) + first, work.variable, first, count, gradients, weights, constants);
+  // For chunks [first, last): parameters = update(canonical_sum_t(weights[t] * gradients[t]), parameters,
+  // state), spread over the pool's threads.
+  template <class GradientBuffer, class ParameterBuffer>
+  void run(thread_pool& pool, std::size_t first, std::size_t last, const std::vector<const GradientBuffer*>& gradients,
+           ParameterBuffer& parameters, const std::vector<value_type>& weights, const constants_type& constants) {
+    std::vector<std::exception_ptr> failures = pool.run(last - first, [&](std::size_t c) {
+      const tensor_chunk& work = chunks_[first + c];
+      const std::size_t v = static_cast<std::size_t>(work.variable);
+      std::vector<const value_type*> sources(gradients.size());
+      for (std::size_t t = 0; t < sources.size(); ++t) sources[t] = gradients[t]->data(v);
+      for (std::size_t begin = work.first; begin < work.first + work.count; begin += host_reduce_policy::block_elements) {
+        const std::size_t count = std::min(host_reduce_policy::block_elements, work.first + work.count - begin);
+        apply_block(parameters.data(v) + begin, v, begin, count, sources, weights, constants);
       }
     });
     for (const std::exception_ptr& failure : failures) {
@@ -69,23 +72,19 @@ class host_reducer {
   }
 
  private:
-  struct chunk {
-    std::size_t variable, first, count;
-  };
-
   void apply_block(value_type* p, std::size_t variable, std::size_t first, std::size_t count,
                    const std::vector<const value_type*>& gradients, const std::vector<value_type>& weights,
-                   const typename Optim::template step_constants<value_type>& constants) {
+                   const constants_type& constants) {
     value_type scratch[32][host_reduce_policy::block_elements];
     canonical_tree_reduce(
         static_cast<int>(gradients.size()),
         [&](int tower, int slot) {
-          const value_type* g = gradients[tower] + first;
-          const value_type w = weights[tower];
-          for (std::size_t k = 0; k < count; ++k) scratch[slot][k] = detail::rounded_mul(w, g[k]);
+          const value_type* g = gradients[static_cast<std::size_t>(tower)] + first;
+          const value_type w = weights[static_cast<std::size_t>(tower)];
+          for (std::size_t k = 0; k < count; ++k) scratch[slot][k] = rounded_mul(w, g[k]);
         },
         [&](int left, int right) {
-          for (std::size_t k = 0; k < count; ++k) scratch[left][k] = detail::rounded_add(scratch[left][k], scratch[right][k]);
+          for (std::size_t k = 0; k < count; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
         });
 
     value_type* slots[Optim::max_state_slots] = {};
@@ -99,8 +98,35 @@ class host_reducer {
     }
   }
 
+  std::vector<tensor_chunk> chunks_;
   std::vector<buffer> state_;  // one buffer per optimizer state slot
-  std::vector<chunk> chunks_;
+};
+
+}  // namespace detail
+
+template <class Optim, class Layout>
+class host_reducer {
+ public:
+  using value_type = typename Layout::value_type;
+  using buffer = typename Layout::template buffer<host_memory>;
+  using hyper_parameters = typename Optim::hyper_parameters;
+
+  host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&) : pass_(variables, h) {}
+
+  std::size_t state_slots() const { return pass_.state_slots(); }
+  tensor_view<const value_type> state_on_host(std::size_t slot, std::size_t index) { return pass_.state_view(slot, index); }
+  void parameter_set(std::size_t, const value_type*) {}  // the towers' parameters are the only copy
+
+  // The fused pass over every chunk, in the towers' shared parameters: there is nothing to broadcast.
+  void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
+                         const typename Optim::template step_constants<value_type>& constants, stage_seconds&) {
+    std::vector<const buffer*> gradients;
+    for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
+    pass_.run(towers.pool(), 0, pass_.chunks().size(), gradients, towers.shared_parameters(), weights, constants);
+  }
+
+ private:
+  detail::host_optimizer_pass<Optim, Layout> pass_;
 };
 
 namespace reduce {

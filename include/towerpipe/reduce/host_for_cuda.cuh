@@ -1,0 +1,145 @@
+#pragma once
+// reduce::host with exec::cuda — the tutorial's CPU parameter server, done well. The master parameters
+// live in pinned host memory; per step, every tower's gradients come down into pinned buffers, the CPU
+// threads run the same fused pass as for host towers (canonical average + optimizer, reduce/host.hpp),
+// and the new parameters go up into every replica. The variables are cut into transfer groups of about
+// group_elements, so that group g+1 comes down while the CPU works on g and g-1 goes up: the PCIe
+// transfers in both directions and the CPU overlap.
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "towerpipe/cuda/buffer_copy.cuh"
+#include "towerpipe/cuda/check.cuh"
+#include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/memory.cuh"
+#include "towerpipe/exec/cuda.cuh"
+#include "towerpipe/reduce/host.hpp"
+#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/stats.hpp"
+
+namespace towerpipe {
+
+struct host_transfer_policy {
+  static constexpr std::size_t group_elements = std::size_t(1) << 21;  // 8 MiB of float per group
+};
+
+template <class Optim, class Layout, class Policy = host_transfer_policy>
+class cuda_host_reducer {
+ public:
+  using T = typename Layout::value_type;
+  using pinned_buffer = typename Layout::template buffer<cuda_pinned_memory>;
+  using hyper_parameters = typename Optim::hyper_parameters;
+
+  cuda_host_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
+      : pass_(variables, h), master_(variables) {
+    const std::vector<tensor_chunk>& chunks = pass_.chunks();
+    for (std::size_t first = 0; first < chunks.size();) {
+      std::size_t last = first, elements = 0;
+      while (last < chunks.size() && (elements == 0 || elements + chunks[last].count <= Policy::group_elements))
+        elements += chunks[last++].count;
+      groups_.push_back({first, last});
+      first = last;
+    }
+    for (std::size_t t = 0; t < towers.towers(); ++t)
+      links_.push_back(std::make_unique<link>(variables, towers.device(t), groups_.size()));
+  }
+
+  std::size_t state_slots() const { return pass_.state_slots(); }
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) { return pass_.state_view(slot, index); }
+  void parameter_set(std::size_t index, const T* values) {
+    std::copy(values, values + master_.view(index).size(), master_.data(index));
+  }
+
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
+                         const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      link& own = *links_[t];
+      detail::device_guard on(towers.device(t));
+      towers.gradients_ready(t).make_wait(own.down);
+      for (std::size_t g = 0; g < groups_.size(); ++g) {
+        copy_group(own.gradients, towers.gradients(t), g, cudaMemcpyDeviceToHost, own.down);
+        own.down_done[g].record(own.down);
+      }
+    }
+    std::vector<const pinned_buffer*> gradients;
+    for (const auto& own : links_) gradients.push_back(&own->gradients);
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      for (const auto& own : links_) own->down_done[g].synchronize();
+      pass_.run(towers.pool(), groups_[g].first, groups_[g].last, gradients, master_, weights, constants);
+      for (std::size_t t = 0; t < towers.towers(); ++t) {
+        detail::device_guard on(towers.device(t));
+        copy_group(towers.replica(t), master_, g, cudaMemcpyHostToDevice, links_[t]->up);
+      }
+    }
+    const auto computed = std::chrono::steady_clock::now();
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      link& own = *links_[t];
+      detail::device_guard on(towers.device(t));
+      own.up_done.record(own.up);
+      own.up_done.make_wait(towers.stream(t));
+    }
+    for (const auto& own : links_) own->up_done.synchronize();
+    const auto end = std::chrono::steady_clock::now();
+    stages.reduce = std::chrono::duration<double>(computed - start).count();
+    stages.broadcast = std::chrono::duration<double>(end - computed).count();
+  }
+
+ private:
+  struct group {
+    std::size_t first, last;  // chunk range
+  };
+
+  // One tower's link to the host: pinned gradients and a stream each way, on the tower's device.
+  struct link {
+    link(const variable_set& variables, int device, std::size_t groups)
+        : gradients(variables, cuda_pinned_memory{}), down(device), up(device), up_done(device) {
+      for (std::size_t g = 0; g < groups; ++g) down_done.emplace_back(device);
+    }
+    pinned_buffer gradients;
+    detail::cuda_stream down, up;
+    std::vector<detail::cuda_event> down_done;  // per group
+    detail::cuda_event up_done;
+  };
+
+  // Copies group g's elements of every variable it touches; in layout::flat they are one range.
+  template <class Target, class Source>
+  void copy_group(Target& target, const Source& source, std::size_t g, cudaMemcpyKind kind,
+                  const detail::cuda_stream& stream) const {
+    const std::vector<tensor_chunk>& chunks = pass_.chunks();
+    const tensor_chunk& first = chunks[groups_[g].first];
+    const tensor_chunk& last = chunks[groups_[g].last - 1];
+    if constexpr (detail::has_arena<Target>::value) {
+      const T* begin = source.data(static_cast<std::size_t>(first.variable)) + first.first;
+      const T* end = source.data(static_cast<std::size_t>(last.variable)) + last.first + last.count;
+      T* to = target.data(static_cast<std::size_t>(first.variable)) + first.first;
+      TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(to, begin, static_cast<std::size_t>(end - begin) * sizeof(T), kind, stream.get()));
+    } else {
+      for (int v = first.variable; v <= last.variable; ++v) {
+        const std::size_t size = source.view(static_cast<std::size_t>(v)).size();
+        const std::size_t begin = v == first.variable ? first.first : 0;
+        const std::size_t end = v == last.variable ? last.first + last.count : size;
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(target.data(static_cast<std::size_t>(v)) + begin,
+                                             source.data(static_cast<std::size_t>(v)) + begin, (end - begin) * sizeof(T),
+                                             kind, stream.get()));
+      }
+    }
+  }
+
+  detail::host_optimizer_pass<Optim, Layout> pass_;
+  pinned_buffer master_;
+  std::vector<group> groups_;
+  std::vector<std::unique_ptr<link>> links_;
+};
+
+template <class Optim, class Layout>
+struct reducer_for<exec::cuda, reduce::host, Optim, Layout> {
+  using type = cuda_host_reducer<Optim, Layout>;
+};
+
+}  // namespace towerpipe

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with a CUDA device (DESIGN.md §5): builds for sm_90 (ARCH to change),
+# runs the whole test suite (host and GPU), runs the GPU tests under compute-sanitizer memcheck and
+# racecheck, and writes the logs and a summary under $OUT (default build/gpu-results).
+# Catch2 comes from the system, or from a Debian catch2_*.deb placed in .device/ (unpacked to /tmp/c2).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$PWD/build/gpu-results}
+mkdir -p "$out"
+prefix=()
+if compgen -G ".device/catch2_*.deb" >/dev/null; then
+  dpkg -x .device/catch2_*.deb /tmp/c2 && prefix=(-DCMAKE_PREFIX_PATH=/tmp/c2/usr)
+fi
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+
+status=0
+step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records the outcome
+  local name=$1; shift
+  local start=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  printf '%-10s rc=%d  %4ds  %s\n' "$name" "$rc" "$((SECONDS - start))" "$(tail -n 1 "$out/$name.log")" | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+
+: >"$out/summary.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader >>"$out/summary.txt" 2>&1
+step configure cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" "${prefix[@]}" || exit 1
+step build cmake --build build/gpu -j "$(nproc)" || exit 1
+step ctest ctest --test-dir build/gpu --output-on-failure
+grep -E "tests passed|Skipped|Failed" "$out/ctest.log" >>"$out/summary.txt"
+export TOWERPIPE_TEST_MAX_TOWERS=3
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests "[backends]"
+grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" >>"$out/summary.txt"
+exit $status
