@@ -1,3 +1,6 @@
+// Tower functions run on pool threads, where Catch assertions are unsafe: there they throw, which fails
+// the step with the tower named.
+//
 // Every backend for GPU towers (device0, p2p_tree, host) x layout x optimizer, for 1..8 towers on the GPU(s) present (several towers
 // per device where there are fewer devices), against the exec::host pipeline: after 10 steps on fresh
 // random gradients every replica must equal the host's parameters bitwise. Replicas other than the
@@ -68,7 +71,7 @@ std::vector<std::vector<float>> host_reference(const gradient_plan& plan, std::s
 template <class Buffer>
 std::vector<float> read_variable(const Buffer& buffer, std::size_t v) {
   std::vector<float> host(buffer.view(v).size());
-  REQUIRE_CUDA(cudaMemcpy(host.data(), buffer.data(v), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  TOWERPIPE_CUDA_CHECK(cudaMemcpy(host.data(), buffer.data(v), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return host;
 }
 
@@ -93,15 +96,15 @@ void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h
   for (const auto& step : plan) {
     for (std::size_t t = 1; t < towers; ++t) {
       for (std::size_t v = 0; v < test_variables.count(); ++v)
-        REQUIRE_CUDA(cudaMemset(space.replica(t).data(v), 0xFF, space.replica(t).view(v).size() * sizeof(float)));  // NaN
+        TOWERPIPE_CUDA_CHECK(cudaMemset(space.replica(t).data(v), 0xFF, space.replica(t).view(v).size() * sizeof(float)));  // NaN
     }
     p.step(b, [&](typename trainer::tower_context& tower) {
       for (std::size_t v = 0; v < test_variables.count(); ++v) {
         const std::vector<float>& g = step[tower.tower()][v];
-        REQUIRE_CUDA(cudaMemcpyAsync(tower.gradient(v).data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.gradient(v).data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
                                      tower.stream()));
       }
-      REQUIRE_CUDA(cudaStreamSynchronize(tower.stream()));  // g lives on the host stack of this test
+      TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));  // g lives on the host stack of this test
       return 0.0;
     });
   }
@@ -175,14 +178,14 @@ TEST_CASE("shards reach their towers: row- and column-major, staged ahead, in or
     const auto c = tower.input<std::int32_t>("cols");
     rows_seen[tower.tower()].resize(r.examples() * features);
     cols_seen[tower.tower()].resize(c.examples() * features);
-    REQUIRE(c.example_stride() == 1);
-    REQUIRE(c.feature_stride() == c.examples());
-    REQUIRE_CUDA(cudaMemcpyAsync(rows_seen[tower.tower()].data(), r.data(), rows_seen[tower.tower()].size() * 4,
+    if (c.example_stride() != 1 || c.feature_stride() != c.examples())
+      throw std::logic_error("a column-major shard must arrive column-major with its own example count as stride");
+    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(rows_seen[tower.tower()].data(), r.data(), rows_seen[tower.tower()].size() * 4,
                                  cudaMemcpyDeviceToHost, tower.stream()));
-    REQUIRE_CUDA(cudaMemcpyAsync(cols_seen[tower.tower()].data(), c.data(), cols_seen[tower.tower()].size() * 4,
+    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(cols_seen[tower.tower()].data(), c.data(), cols_seen[tower.tower()].size() * 4,
                                  cudaMemcpyDeviceToHost, tower.stream()));
-    REQUIRE_CUDA(cudaStreamSynchronize(tower.stream()));
-    REQUIRE_CUDA(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+    TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
+    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
     return 0.0;
   };
   const auto check_seen = [&](int offset) {
@@ -217,9 +220,9 @@ TEST_CASE("a tower function returning nothing reports its loss through device_lo
   b.add("x", x.data(), 4, {1});
   const step_stats stats = p.step(b, [](small_trainer::tower_context& tower) {
     const float loss = 1.5f + static_cast<float>(tower.tower());
-    REQUIRE_CUDA(cudaMemcpyAsync(tower.device_loss(), &loss, sizeof loss, cudaMemcpyHostToDevice, tower.stream()));
-    REQUIRE_CUDA(cudaStreamSynchronize(tower.stream()));
-    REQUIRE_CUDA(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.device_loss(), &loss, sizeof loss, cudaMemcpyHostToDevice, tower.stream()));
+    TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
+    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
   });
   CHECK(stats.tower_loss == std::vector<double>{1.5, 2.5});
   CHECK(stats.loss == Approx(2.0));
@@ -239,7 +242,7 @@ TEST_CASE("bad towers and devices are clear errors; parameters stay and the pipe
   batch b;
   b.add("x", x.data(), 4, {1});
   const auto good = [](small_trainer::tower_context& tower) {
-    REQUIRE_CUDA(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
     return 0.0;
   };
   CHECK_THROWS_WITH(p.step(b, [](small_trainer::tower_context&) { return 0.0; }),

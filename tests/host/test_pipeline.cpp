@@ -112,20 +112,33 @@ TEST_CASE("towers see their shard, weight and the shared parameters", "[pipeline
   trainer p(model_variables, model_inputs, 3, optim::adam::hyper_parameters{});
   const std::vector<float> w{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   p.set_parameter("w", w.data(), w.size());
+  // Catch's assertions are not thread-safe: towers record what they see, the test checks it after.
+  struct seen {
+    std::size_t towers, examples;
+    double weight;
+    float first_input, last_parameter;
+    shape parameter_shape;
+  };
+  std::vector<seen> views(3);
   p.step(b, [&](trainer::tower_context& tower) {
-    // Shards of 3, 2, 2 examples starting at 0, 3, 5.
-    const std::size_t sizes[] = {3, 2, 2}, firsts[] = {0, 3, 5};
-    CHECK(tower.towers() == 3);
-    CHECK(tower.examples() == sizes[tower.tower()]);
-    CHECK(tower.weight() == Approx(static_cast<double>(sizes[tower.tower()]) / 7.0));
-    CHECK(tower.input<float>("x")(0, 1) == static_cast<float>(firsts[tower.tower()] * 3 + 1));
-    CHECK(tower.parameter("w")[11] == 12.0f);
-    CHECK(tower.parameter("w").shape() == shape{4, 3});
+    views[tower.tower()] = {tower.towers(), tower.examples(), tower.weight(), tower.input<float>("x")(0, 1),
+                            tower.parameter("w")[11], tower.parameter("w").shape()};
     for (std::size_t v = 0; v < 2; ++v) {
       for (float& g : tower.gradient(v)) g = 1.0f;
     }
     return 0.0;
   });
+  // Shards of 3, 2, 2 examples starting at 0, 3, 5.
+  const std::size_t sizes[] = {3, 2, 2}, firsts[] = {0, 3, 5};
+  for (std::size_t t = 0; t < 3; ++t) {
+    INFO("tower " << t);
+    CHECK(views[t].towers == 3);
+    CHECK(views[t].examples == sizes[t]);
+    CHECK(views[t].weight == Approx(static_cast<double>(sizes[t]) / 7.0));
+    CHECK(views[t].first_input == static_cast<float>(firsts[t] * 3 + 1));
+    CHECK(views[t].last_parameter == 12.0f);
+    CHECK(views[t].parameter_shape == shape{4, 3});
+  }
 }
 
 TEST_CASE("a pipeline needs towers, variables and valid hyper-parameters", "[pipeline][errors]") {

@@ -104,14 +104,16 @@ class p2p_tree_reducer {
         }
       }
     }
-    if (n == 1) {
+    {
       detail::device_guard on(towers.device(0));
-      root_start_.record(towers.stream(0));
-      detail::launch_fused_apply<Optim, T>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(),
-                                           weights, apply);
+      if (n == 1) {
+        root_start_.record(towers.stream(0));
+        detail::launch_fused_apply<Optim, T>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(),
+                                             weights, apply);
+      }
+      root_end_.record(towers.stream(0));
+      nodes_[0]->parameters_done.record(towers.stream(0));
     }
-    root_end_.record(towers.stream(0));
-    nodes_[0]->parameters_done.record(towers.stream(0));
 
     // Broadcast: down the tree, every tower pulls its parent's replica on its own stream.
     for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
