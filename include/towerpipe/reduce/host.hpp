@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/host_memory.hpp"
@@ -88,13 +89,30 @@ class host_optimizer_pass {
         });
 
     value_type* slots[Optim::max_state_slots] = {};
-    const std::size_t active_slots = state_.size();
-    for (std::size_t s = 0; s < active_slots; ++s) slots[s] = state_[s].data(variable) + first;
+    for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data(variable) + first;
+    with_slot_count<Optim::max_state_slots>(static_cast<int>(state_.size()), [&](auto active) {
+      update_block<decltype(active)::value>(p, slots, scratch[0], count, constants);
+    });
+  }
+
+  // The optimizer over one block with the number of state slots fixed at compile time, so that the
+  // compiler can vectorise the loop.
+  template <int Slots>
+  static void update_block(value_type* p, value_type* const* slots, const value_type* g, std::size_t count,
+                           const constants_type& constants) {
     for (std::size_t k = 0; k < count; ++k) {
       value_type state[Optim::max_state_slots] = {};
-      for (std::size_t s = 0; s < active_slots; ++s) state[s] = slots[s][k];
-      Optim::update(constants, scratch[0][k], p[k], state);
-      for (std::size_t s = 0; s < active_slots; ++s) slots[s][k] = state[s];
+      for (int s = 0; s < Slots; ++s) state[s] = slots[s][k];
+      Optim::update(constants, g[k], p[k], state);
+      for (int s = 0; s < Slots; ++s) slots[s][k] = state[s];
+    }
+  }
+
+  template <int Slots, class Body>
+  static void with_slot_count(int active, Body&& body) {
+    if constexpr (Slots >= 0) {
+      if (active == Slots) return body(std::integral_constant<int, Slots>{});
+      with_slot_count<Slots - 1>(active, body);
     }
   }
 
