@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a CUDA device (DESIGN.md §5): builds for sm_90 (ARCH to change),
 # runs the whole test suite (host and GPU), runs the GPU tests under compute-sanitizer memcheck and
-# racecheck, and writes the logs and a summary under $OUT (default build/gpu-results).
+# racecheck, runs the benchmarks (and the PyTorch anchors where .device/anchors holds them), and writes
+# under $OUT (default build/gpu-results): summary.txt, the benchmarks' JSON and logs.tar.gz.
 # Catch2 comes from the system, or from a Debian catch2_*.deb placed in .device/ (unpacked to /tmp/c2).
+# BENCH=quick runs the quick benchmark subset; BENCH=none skips them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/build/gpu-results}
@@ -36,4 +38,17 @@ export TOWERPIPE_TEST_MAX_TOWERS=3
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests "[backends]"
 grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" >>"$out/summary.txt"
+unset TOWERPIPE_TEST_MAX_TOWERS
+
+bench=${BENCH:-full}
+if [ "$bench" != none ]; then
+  quick=(); [ "$bench" = quick ] && quick=(--quick)
+  step gpu_bench build/gpu/benchmarks/towerpipe_gpu_benchmark "${quick[@]}" --out "$out/gpu_benchmark.json"
+  step host_bench build/gpu/benchmarks/towerpipe_host_benchmark "${quick[@]}" --out "$out/host_benchmark.json"
+  if [ -f .device/anchors/torch_anchor_bench.py ]; then
+    step anchors env OUT="$out" python3 .device/anchors/torch_anchor_bench.py
+  fi
+  echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)" >>"$out/summary.txt"
+fi
+(cd "$out" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
 exit $status

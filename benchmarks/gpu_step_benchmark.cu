@@ -1,0 +1,249 @@
+// average + apply + broadcast for every backend with GPU towers — reduce::device0, reduce::p2p_tree,
+// reduce::host — x layout x optimizer x towers, over the ResNet-50 and BERT-base variable lists and a
+// flat sweep, against floors measured in the same run:
+//   device backends: bytes / device copy bandwidth (a large cudaMemcpy, bytes read + written), with
+//     P * (4N + 8 + 8 * state slots + 4(N - 1)) bytes (Adam: DESIGN.md §6's 4N + 24 + 4(N - 1));
+//   reduce::host: max(PCIe floor: 4N*P bytes each way over pinned copies, CPU floor: the host pass's
+//     bytes over a triad on the host threads).
+// Each figure is the median host wall time of a whole average_and_apply (launches and the final
+// event wait included): what a training step pays. Towers share the device(s) round-robin. Problems
+// smaller than 3x the L2 cache rotate over several independent instances.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <towerpipe/cuda.cuh>
+
+#include "bench_support.hpp"
+
+namespace {
+
+using namespace towerpipe;
+using towerpipe_bench::json_rows;
+using towerpipe_bench::median;
+
+const char* usage =
+    "towerpipe_gpu_benchmark [--quick] [--out FILE] [--shapes-dir DIR] [--towers 1,2,4,8] [--repetitions N]\n"
+    "Times every GPU-tower backend's average+apply+broadcast against the device copy and PCIe floors.\n"
+    "--quick: ResNet-50 only, Adam, towers 2 and 4.";
+
+#define BENCH_CUDA(call) TOWERPIPE_CUDA_CHECK(call)
+
+__global__ void fill_small_values(float* data, std::size_t n, unsigned seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    data[i] = (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 2e-3f;
+  }
+}
+
+double elapsed_median(const std::function<void(cudaStream_t)>& work, int repetitions) {
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+  cudaEvent_t start, end;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&end));
+  std::vector<double> seconds;
+  for (int r = 0; r < repetitions + 2; ++r) {
+    BENCH_CUDA(cudaEventRecord(start, stream));
+    work(stream);
+    BENCH_CUDA(cudaEventRecord(end, stream));
+    BENCH_CUDA(cudaEventSynchronize(end));
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, start, end));
+    if (r >= 2) seconds.push_back(ms * 1e-3);
+  }
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(end));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return median(seconds);
+}
+
+// Bytes read + written per second by a device-to-device copy of `bytes`.
+double device_copy_bandwidth(std::size_t bytes) {
+  const auto a = cuda_device_memory{0}.allocate<char>(bytes, 256), b = cuda_device_memory{0}.allocate<char>(bytes, 256);
+  return 2.0 * static_cast<double>(bytes) /
+         elapsed_median([&](cudaStream_t s) { BENCH_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s)); }, 10);
+}
+
+double pinned_bandwidth(std::size_t bytes, cudaMemcpyKind kind) {
+  const auto device = cuda_device_memory{0}.allocate<char>(bytes, 256);
+  const auto host = cuda_pinned_memory{}.allocate<char>(bytes);
+  return static_cast<double>(bytes) / elapsed_median([&](cudaStream_t s) {
+           if (kind == cudaMemcpyDeviceToHost) BENCH_CUDA(cudaMemcpyAsync(host.get(), device.get(), bytes, kind, s));
+           else BENCH_CUDA(cudaMemcpyAsync(device.get(), host.get(), bytes, kind, s));
+         }, 5);
+}
+
+double triad_bandwidth(std::size_t n, std::size_t threads) {
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  detail::thread_pool pool(threads);
+  std::vector<double> seconds;
+  for (int r = 0; r < 6; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    pool.run(threads, [&](std::size_t t) {
+      for (std::size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) a[i] = b[i] + 0.5f * c[i];
+    });
+    if (r > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 12.0 * static_cast<double>(n) / median(seconds);
+}
+
+struct floors {
+  double device_copy, d2h, h2d, triad;
+  std::size_t l2_bytes;
+};
+
+template <class Reduce, class Optim, class Layout>
+void measure(const std::string& model, const variable_set& variables, std::size_t towers,
+             const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o, const floors& f,
+             json_rows& out) {
+  using towers_type = cuda_towers<Layout>;
+  using reducer_type = typename reducer_for<exec::cuda, Reduce, Optim, Layout>::type;
+  constexpr bool host_backend = std::is_same_v<Reduce, reduce::host>;
+  const double parameters = static_cast<double>(variables.total_size());
+  const int slots = Optim::state_slots(h);
+  const double device_bytes = parameters * towerpipe_bench::bytes_per_parameter(towers, slots, towers - 1);
+  const std::size_t instances =
+      host_backend ? 1 : std::max<std::size_t>(1, static_cast<std::size_t>(3.0 * f.l2_bytes / device_bytes) + 1);
+
+  std::vector<std::unique_ptr<towers_type>> tower_sets;
+  std::vector<std::unique_ptr<reducer_type>> reducers;
+  for (std::size_t i = 0; i < instances; ++i) {
+    tower_sets.push_back(std::make_unique<towers_type>(variables, towers, pipeline_options{}));
+    reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back()));
+    for (std::size_t t = 0; t < towers; ++t) {
+      for (std::size_t v = 0; v < variables.count(); ++v) {
+        auto view = tower_sets.back()->gradients(t).view(v);
+        detail::device_guard on(tower_sets.back()->device(t));
+        fill_small_values<<<256, 256>>>(view.data(), view.size(), static_cast<unsigned>(t * 131 + v));
+      }
+    }
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> weights(towers, 1.0f / static_cast<float>(towers));
+  const auto constants = Optim::template constants<float>(h, 1);
+  std::vector<double> seconds;
+  stage_seconds stages;
+  for (int r = 0; r < o.repetitions + 3; ++r) {
+    const std::size_t i = static_cast<std::size_t>(r) % instances;
+    const auto start = std::chrono::steady_clock::now();
+    reducers[i]->average_and_apply(*tower_sets[i], weights, constants, stages);
+    if (r >= 3) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  double floor_seconds = device_bytes / f.device_copy;
+  if (host_backend) {
+    const double pcie = 4.0 * static_cast<double>(towers) * parameters / std::min(f.d2h, f.h2d);
+    const double cpu = parameters * towerpipe_bench::bytes_per_parameter(towers, slots, 0) / f.triad;
+    floor_seconds = std::max(pcie, cpu);
+  }
+  const double ms = median(seconds) * 1e3, floor_ms = floor_seconds * 1e3;
+  std::printf("%-10s %-9s %-6s %-12s %2zu %11.0f %9.3f %9.3f %7.2fx\n", model.c_str(), Reduce::name, Optim::name,
+              Layout::name, towers, parameters, ms, floor_ms, ms / floor_ms);
+  std::fflush(stdout);
+  out.rows.push_back(json_rows::row()
+                         .set("backend", Reduce::name)
+                         .set("exec", "cuda")
+                         .set("model", model)
+                         .set("optimizer", Optim::name)
+                         .set("layout", Layout::name)
+                         .set("towers", static_cast<double>(towers))
+                         .set("parameters", parameters)
+                         .set("tensors", static_cast<double>(variables.count()))
+                         .set("bytes", host_backend ? 8.0 * static_cast<double>(towers) * parameters : device_bytes)
+                         .set("instances_rotated", static_cast<double>(instances))
+                         .set("ms", ms)
+                         .set("floor_ms", floor_ms)
+                         .set("ratio_to_floor", ms / floor_ms));
+}
+
+template <class Reduce, class Layout>
+void measure_optimizers(const std::string& model, const variable_set& variables, const towerpipe_bench::options& o,
+                        const floors& f, json_rows& out, bool adam_only) {
+  optim::sgd::hyper_parameters momentum;
+  momentum.momentum = 0.9;
+  for (std::size_t towers : o.towers) {
+    measure<Reduce, optim::adam, Layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, f, out);
+    if (adam_only) continue;
+    measure<Reduce, optim::sgd, Layout>(model, variables, towers, momentum, o, f, out);
+    measure<Reduce, optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, f, out);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  towerpipe_bench::options o = towerpipe_bench::parse_options(argc, argv, usage);
+  if (o.quick) o.towers = {2, 4};
+  if (detail::cuda_device_count() == 0) {
+    std::puts("towerpipe_gpu_benchmark: no CUDA device; nothing measured");
+    return 77;
+  }
+  cudaDeviceProp properties{};
+  BENCH_CUDA(cudaGetDeviceProperties(&properties, 0));
+  int sm_clock = 0, memory_clock = 0, driver = 0, runtime = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&sm_clock, cudaDevAttrClockRate, 0));
+  BENCH_CUDA(cudaDeviceGetAttribute(&memory_clock, cudaDevAttrMemoryClockRate, 0));
+  BENCH_CUDA(cudaDriverGetVersion(&driver));
+  BENCH_CUDA(cudaRuntimeGetVersion(&runtime));
+  const std::size_t threads = std::thread::hardware_concurrency();
+  floors f{device_copy_bandwidth(std::size_t(1) << 30), pinned_bandwidth(std::size_t(1) << 28, cudaMemcpyDeviceToHost),
+           pinned_bandwidth(std::size_t(1) << 28, cudaMemcpyHostToDevice), triad_bandwidth(std::size_t(1) << 27, threads),
+           static_cast<std::size_t>(properties.l2CacheSize)};
+  std::printf("%s: copy %.2f TB/s, pinned D2H %.1f GB/s, H2D %.1f GB/s, CPU triad %.1f GB/s (%zu threads)\n",
+              properties.name, f.device_copy / 1e12, f.d2h / 1e9, f.h2d / 1e9, f.triad / 1e9, threads);
+  std::printf("%-10s %-9s %-6s %-12s %2s %11s %9s %9s %8s\n", "variables", "backend", "optim", "layout", "N", "parameters",
+              "ms", "floor_ms", "ratio");
+
+  json_rows out;
+  out.machine.set("gpu", properties.name)
+      .set("gpus_visible", static_cast<double>(detail::cuda_device_count()))
+      .set("sm_clock_khz", sm_clock)
+      .set("memory_clock_khz", memory_clock)
+      .set("driver_version", driver)
+      .set("runtime_version", runtime)
+      .set("l2_bytes", static_cast<double>(f.l2_bytes))
+      .set("cpu_threads", static_cast<double>(threads))
+      .set("mode", o.quick ? "quick" : "full");
+  out.floors.set("device_copy_bytes_per_second", f.device_copy)
+      .set("pinned_d2h_bytes_per_second", f.d2h)
+      .set("pinned_h2d_bytes_per_second", f.h2d)
+      .set("cpu_triad_bytes_per_second", f.triad);
+
+  std::vector<std::string> models{"resnet50"};
+  if (!o.quick) models.push_back("bert_base");
+  for (const std::string& model : models) {
+    const variable_set variables = towerpipe_bench::read_shapes(o.shapes_dir + "/" + model + ".shapes");
+    measure_optimizers<reduce::device0, layout::flat<float>>(model, variables, o, f, out, o.quick);
+    measure_optimizers<reduce::device0, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
+    measure_optimizers<reduce::p2p_tree, layout::flat<float>>(model, variables, o, f, out, o.quick);
+    measure_optimizers<reduce::p2p_tree, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
+    measure_optimizers<reduce::host, layout::flat<float>>(model, variables, o, f, out, true);
+    measure_optimizers<reduce::host, layout::per_variable<float>>(model, variables, o, f, out, true);
+  }
+  if (!o.quick) {
+    for (std::size_t millions : {1, 4, 16, 64, 256}) {
+      variable_set one;
+      one.add("flat", {millions << 20});
+      const std::string name = "sweep_" + std::to_string(millions) + "M";
+      measure_optimizers<reduce::device0, layout::flat<float>>(name, one, o, f, out, true);
+      measure_optimizers<reduce::p2p_tree, layout::flat<float>>(name, one, o, f, out, true);
+    }
+  }
+  out.write(o.out);
+  std::printf("wrote %s\n", o.out.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "towerpipe_gpu_benchmark: %s\n", e.what());
+  return 1;
+}
