@@ -48,7 +48,7 @@ TEST_CASE("the tree rounds reproduce the canonical sum bitwise", "[multi_tensor]
       float result = 0;
       for (std::size_t r = 0; r < rounds.size(); ++r) {
         for (const tree_edge<float>& edge : rounds[r]) {
-          const float combined = edge.combine(sums, 0, 0);
+          const float combined = edge.combine<1>(sums, 0, 0).value[0];
           if (r + 1 == rounds.size()) {
             REQUIRE(edge.left == 0);
             result = combined;
@@ -121,7 +121,7 @@ enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree };
 template <class Optim, class Layout>
 void check_emulated_backend(backend kind, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
   using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
-  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}};
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {7}}};
   random_source random(salt);
   INFO(Optim::name << " " << Layout::name << ", backend " << static_cast<int>(kind) << ", seed " << random.seed());
   for (std::size_t towers = 1; towers <= 8; ++towers) {

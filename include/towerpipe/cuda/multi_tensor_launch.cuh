@@ -18,8 +18,9 @@
 namespace towerpipe {
 
 // Launch shape of the multi-tensor kernels. chunk_elements is the table's chunk size: a block strides
-// through one chunk with threads_per_block threads, so chunk_elements / threads_per_block elements per
-// thread (16 for the defaults) keep each thread's loads in flight.
+// through one chunk with threads_per_block threads in groups of 4 elements (16-byte vectors), so
+// chunk_elements / threads_per_block elements per thread (16 for the defaults: 4 vector loads per
+// role) keep each thread's loads in flight.
 struct multi_tensor_policy {
   static constexpr int threads_per_block = 256;
   static constexpr std::size_t chunk_elements = 4096;
@@ -32,8 +33,7 @@ template <class Agent, class Policy>
 __global__ void __launch_bounds__(Policy::threads_per_block)
     multi_tensor_kernel(Agent agent, const tensor_chunk* chunks, int chunk_count) {
   for (int c = static_cast<int>(blockIdx.x); c < chunk_count; c += static_cast<int>(gridDim.x)) {
-    const tensor_chunk chunk = chunks[c];
-    for (unsigned k = threadIdx.x; k < chunk.count; k += Policy::threads_per_block) agent(chunk, k);
+    agent(chunks[c], threadIdx.x, Policy::threads_per_block);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/config.hpp"
@@ -59,8 +60,75 @@ std::vector<T*> gather_pointers(const std::vector<Buffer*>& roles) {
 // The most towers a device reduction takes in one pass (their weights travel in the kernel's arguments).
 constexpr int max_device_towers = 64;
 
-// The optimizer step of one element and its broadcast: p = replica 0; Optim::update(g, p, state);
-// p is written to replicas [0, replica_count).
+// Agents work on groups of W consecutive elements (W = 4, loaded and stored as one 16-byte vector on the
+// device for float; W = 1 for a chunk's last count % 4 elements). Chunks start on multiples of 64
+// elements of 256-byte-aligned variables, so every group of 4 is 16-byte aligned.
+template <class T, unsigned W>
+struct lanes {
+  T value[W];
+};
+
+// Whether a group is moved as one 16-byte vector: float groups of 4, in device code.
+template <unsigned W, class T>
+constexpr bool vector_lanes = TOWERPIPE_DEVICE_PASS() && W == 4 && std::is_same_v<T, float>;
+
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE lanes<T, W> load_lanes(const T* p) {
+  lanes<T, W> result;
+  if constexpr (vector_lanes<W, T>) {
+#if TOWERPIPE_DEVICE_PASS()
+    const float4 vector = *reinterpret_cast<const float4*>(p);
+    result.value[0] = vector.x;
+    result.value[1] = vector.y;
+    result.value[2] = vector.z;
+    result.value[3] = vector.w;
+#endif
+  } else {
+    for (unsigned l = 0; l < W; ++l) result.value[l] = p[l];
+  }
+  return result;
+}
+
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE void store_lanes(T* p, const lanes<T, W>& v) {
+  if constexpr (vector_lanes<W, T>) {
+#if TOWERPIPE_DEVICE_PASS()
+    *reinterpret_cast<float4*>(p) = make_float4(v.value[0], v.value[1], v.value[2], v.value[3]);
+#endif
+  } else {
+    for (unsigned l = 0; l < W; ++l) p[l] = v.value[l];
+  }
+}
+
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE lanes<T, W> scaled_lanes(T weight, const T* p) {
+  lanes<T, W> v = load_lanes<W>(p);
+  for (unsigned l = 0; l < W; ++l) v.value[l] = detail::rounded_mul(weight, v.value[l]);
+  return v;
+}
+
+template <class T, unsigned W>
+TOWERPIPE_HOST_DEVICE lanes<T, W> add_lanes(const lanes<T, W>& a, const lanes<T, W>& b) {
+  lanes<T, W> sum;
+  for (unsigned l = 0; l < W; ++l) sum.value[l] = detail::rounded_add(a.value[l], b.value[l]);
+  return sum;
+}
+
+// How an agent's work is spread: thread `thread` of `threads` takes groups thread, thread + threads, ...
+// of 4 elements, then the same for the chunk's last count % 4 single elements. agent.template
+// process<W>(variable, element) does one group.
+TOWERPIPE_EXEC_CHECK_DISABLE
+template <class Agent>
+TOWERPIPE_HOST_DEVICE void process_chunk(const Agent& agent, const tensor_chunk& chunk, unsigned thread,
+                                         unsigned threads) {
+  const unsigned groups = chunk.count / 4;
+  for (unsigned q = thread; q < groups; q += threads) agent.template process<4>(chunk.variable, chunk.first + 4 * q);
+  for (unsigned k = 4 * groups + thread; k < chunk.count; k += threads)
+    agent.template process<1>(chunk.variable, chunk.first + k);
+}
+
+// The optimizer step of a group and its broadcast: p = replica 0; Optim::update(g, p, state) per
+// element; p is written to replicas [0, replica_count).
 template <class Optim, class T>
 struct optimizer_apply {
   pointer_table<T> replicas;  // role = tower
@@ -69,13 +137,25 @@ struct optimizer_apply {
   int state_slots;
   typename Optim::template step_constants<T> constants;
 
-  TOWERPIPE_HOST_DEVICE void operator()(int v, unsigned i, T g) const {
-    T p = replicas.at(0, v)[i];
-    T s[Optim::max_state_slots] = {};
-    for (int slot = 0; slot < state_slots; ++slot) s[slot] = state.at(slot, v)[i];
-    Optim::update(constants, g, p, s);
-    for (int slot = 0; slot < state_slots; ++slot) state.at(slot, v)[i] = s[slot];
-    for (int r = 0; r < replica_count; ++r) replicas.at(r, v)[i] = p;
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void apply(int v, unsigned i, const lanes<T, W>& g) const {
+    // Loops over slots run to the compile-time maximum with a guard, so that they unroll and the state
+    // stays in registers instead of an indexed local array.
+    lanes<T, W> p = load_lanes<W>(replicas.at(0, v) + i);
+    lanes<T, W> s[Optim::max_state_slots] = {};
+    for (int slot = 0; slot < Optim::max_state_slots; ++slot) {
+      if (slot < state_slots) s[slot] = load_lanes<W>(state.at(slot, v) + i);
+    }
+    for (unsigned l = 0; l < W; ++l) {
+      T element_state[Optim::max_state_slots] = {};
+      for (int slot = 0; slot < Optim::max_state_slots; ++slot) element_state[slot] = s[slot].value[l];
+      Optim::update(constants, g.value[l], p.value[l], element_state);
+      for (int slot = 0; slot < Optim::max_state_slots; ++slot) s[slot].value[l] = element_state[slot];
+    }
+    for (int slot = 0; slot < Optim::max_state_slots; ++slot) {
+      if (slot < state_slots) store_lanes<W>(state.at(slot, v) + i, s[slot]);
+    }
+    for (int r = 0; r < replica_count; ++r) store_lanes<W>(replicas.at(r, v) + i, p);
   }
 };
 
@@ -88,11 +168,18 @@ struct fused_apply_agent {
   T weights[max_device_towers];
   optimizer_apply<Optim, T> apply;
 
-  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned k) const {
-    const int v = chunk.variable;
-    const unsigned i = chunk.first + k;
+  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned thread, unsigned threads) const {
+    process_chunk(*this, chunk, thread, threads);
+  }
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     const int n = Towers > 0 ? Towers : towers;
-    apply(v, i, canonical_sum<T>(n, [&](int t) { return detail::rounded_mul(weights[t], gradients.at(t, v)[i]); }));
+    lanes<T, W> partial[32];
+    canonical_tree_reduce(
+        n, [&](int t, int slot) { partial[slot] = scaled_lanes<W>(weights[t], gradients.at(t, v) + i); },
+        [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
+    apply.template apply<W>(v, i, partial[0]);
   }
 };
 
@@ -105,11 +192,12 @@ struct tree_edge {
   bool left_raw, right_raw;
   T left_weight, right_weight;
 
-  TOWERPIPE_HOST_DEVICE T combine(const pointer_table<T>& sums, int v, unsigned i) const {
-    const T l = sums.at(left, v)[i];
-    const T r = sums.at(right, v)[i];
-    return detail::rounded_add(left_raw ? detail::rounded_mul(left_weight, l) : l,
-                               right_raw ? detail::rounded_mul(right_weight, r) : r);
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE lanes<T, W> combine(const pointer_table<T>& sums, int v, unsigned i) const {
+    const T* l = sums.at(left, v) + i;
+    const T* r = sums.at(right, v) + i;
+    return add_lanes(left_raw ? scaled_lanes<W>(left_weight, l) : load_lanes<W>(l),
+                     right_raw ? scaled_lanes<W>(right_weight, r) : load_lanes<W>(r));
   }
 };
 
@@ -137,9 +225,13 @@ struct tree_round_agent {
   pointer_table<T> sums;  // role = tower
   tree_edge<T> edge;
 
-  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned k) const {
-    const unsigned i = chunk.first + k;
-    sums.at(edge.left, chunk.variable)[i] = edge.combine(sums, chunk.variable, i);
+  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned thread, unsigned threads) const {
+    process_chunk(*this, chunk, thread, threads);
+  }
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
+    store_lanes<W>(sums.at(edge.left, v) + i, edge.template combine<W>(sums, v, i));
   }
 };
 
@@ -150,9 +242,13 @@ struct tree_root_agent {
   tree_edge<T> edge;
   optimizer_apply<Optim, T> apply;
 
-  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned k) const {
-    const unsigned i = chunk.first + k;
-    apply(chunk.variable, i, edge.combine(sums, chunk.variable, i));
+  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned thread, unsigned threads) const {
+    process_chunk(*this, chunk, thread, threads);
+  }
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
+    apply.template apply<W>(v, i, edge.template combine<W>(sums, v, i));
   }
 };
 
@@ -163,19 +259,23 @@ struct copy_agent {
   pointer_table<T> targets;       // roles [0, target_count)
   int target_count;
 
-  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned k) const {
-    const unsigned i = chunk.first + k;
-    const T value = source.at(0, chunk.variable)[i];
-    for (int t = 0; t < target_count; ++t) targets.at(t, chunk.variable)[i] = value;
+  TOWERPIPE_HOST_DEVICE void operator()(const tensor_chunk& chunk, unsigned thread, unsigned threads) const {
+    process_chunk(*this, chunk, thread, threads);
+  }
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
+    const lanes<T, W> value = load_lanes<W>(source.at(0, v) + i);
+    for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
   }
 };
 
-// Runs an agent over every element of a chunk table on the calling thread: the host form of the
-// kernel launch, for tests and for hosts without a device.
+// Runs an agent over a chunk table on the calling thread, as `threads` emulated threads each taking
+// its share of every chunk: the host form of the kernel launch, for tests.
 template <class Agent>
-void run_agent_on_host(const Agent& agent, const std::vector<tensor_chunk>& chunks) {
+void run_agent_on_host(const Agent& agent, const std::vector<tensor_chunk>& chunks, unsigned threads = 3) {
   for (const tensor_chunk& chunk : chunks) {
-    for (unsigned k = 0; k < chunk.count; ++k) agent(chunk, k);
+    for (unsigned thread = 0; thread < threads; ++thread) agent(chunk, thread, threads);
   }
 }
 
