@@ -3,6 +3,7 @@
 // bytes per parameter (the floor's numerator), command-line options and a small JSON writer.
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -41,6 +42,22 @@ inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Bytes per second of a[i] = b[i] + s * c[i] over n floats split across `threads` threads (3 x 4 bytes
+// per element: two reads and one write): the CPU's memory-bandwidth floor, STREAM's triad.
+inline double triad_bandwidth(std::size_t n, std::size_t threads, int repetitions) {
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  towerpipe::detail::thread_pool pool(threads);
+  std::vector<double> seconds;
+  for (int r = 0; r <= repetitions; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    pool.run(threads, [&](std::size_t t) {
+      for (std::size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) a[i] = b[i] + 0.5f * c[i];
+    });
+    if (r > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 12.0 * static_cast<double>(n) / median(seconds);
 }
 
 // Bytes one average+apply+broadcast moves per parameter: N gradients read, the parameters and each
@@ -126,6 +143,26 @@ class json_rows {
     for (std::size_t i = 0; i < rows.size(); ++i) out << "    " << rows[i].text() << (i + 1 < rows.size() ? ",\n" : "\n");
     out << "  ]\n}\n";
     if (!out) throw std::runtime_error("cannot write " + path);
+  }
+
+  // One measurement, with the fields every benchmark row has.
+  static row measurement(const std::string& backend, const std::string& exec, const std::string& model,
+                         const char* optimizer, const char* layout, std::size_t towers,
+                         const towerpipe::variable_set& variables, double bytes, double ms, double floor_ms) {
+    row r;
+    r.set("backend", backend)
+        .set("exec", exec)
+        .set("model", model)
+        .set("optimizer", optimizer)
+        .set("layout", layout)
+        .set("towers", static_cast<double>(towers))
+        .set("parameters", static_cast<double>(variables.total_size()))
+        .set("tensors", static_cast<double>(variables.count()))
+        .set("bytes", bytes)
+        .set("ms", ms)
+        .set("floor_ms", floor_ms)
+        .set("ratio_to_floor", ms / floor_ms);
+    return r;
   }
 
   static std::string quote(const std::string& text) {

@@ -85,20 +85,6 @@ double pinned_bandwidth(std::size_t bytes, cudaMemcpyKind kind) {
          }, 5);
 }
 
-double triad_bandwidth(std::size_t n, std::size_t threads) {
-  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
-  detail::thread_pool pool(threads);
-  std::vector<double> seconds;
-  for (int r = 0; r < 6; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    pool.run(threads, [&](std::size_t t) {
-      for (std::size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) a[i] = b[i] + 0.5f * c[i];
-    });
-    if (r > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return 12.0 * static_cast<double>(n) / median(seconds);
-}
-
 struct floors {
   double device_copy, d2h, h2d, triad;
   std::size_t l2_bytes;
@@ -151,20 +137,10 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   std::printf("%-10s %-9s %-6s %-12s %2zu %11.0f %9.3f %9.3f %7.2fx\n", model.c_str(), Reduce::name, Optim::name,
               Layout::name, towers, parameters, ms, floor_ms, ms / floor_ms);
   std::fflush(stdout);
-  out.rows.push_back(json_rows::row()
-                         .set("backend", Reduce::name)
-                         .set("exec", "cuda")
-                         .set("model", model)
-                         .set("optimizer", Optim::name)
-                         .set("layout", Layout::name)
-                         .set("towers", static_cast<double>(towers))
-                         .set("parameters", parameters)
-                         .set("tensors", static_cast<double>(variables.count()))
-                         .set("bytes", host_backend ? 8.0 * static_cast<double>(towers) * parameters : device_bytes)
-                         .set("instances_rotated", static_cast<double>(instances))
-                         .set("ms", ms)
-                         .set("floor_ms", floor_ms)
-                         .set("ratio_to_floor", ms / floor_ms));
+  out.rows.push_back(json_rows::measurement(Reduce::name, "cuda", model, Optim::name, Layout::name, towers, variables,
+                                            host_backend ? 8.0 * static_cast<double>(towers) * parameters : device_bytes,
+                                            ms, floor_ms)
+                         .set("instances_rotated", static_cast<double>(instances)));
 }
 
 template <class Reduce, class Layout>
@@ -198,7 +174,7 @@ int main(int argc, char** argv) try {
   BENCH_CUDA(cudaRuntimeGetVersion(&runtime));
   const std::size_t threads = std::thread::hardware_concurrency();
   floors f{device_copy_bandwidth(std::size_t(1) << 30), pinned_bandwidth(std::size_t(1) << 28, cudaMemcpyDeviceToHost),
-           pinned_bandwidth(std::size_t(1) << 28, cudaMemcpyHostToDevice), triad_bandwidth(std::size_t(1) << 27, threads),
+           pinned_bandwidth(std::size_t(1) << 28, cudaMemcpyHostToDevice), towerpipe_bench::triad_bandwidth(std::size_t(1) << 27, threads, 5),
            static_cast<std::size_t>(properties.l2CacheSize)};
   std::printf("%s: copy %.2f TB/s, pinned D2H %.1f GB/s, H2D %.1f GB/s, CPU triad %.1f GB/s (%zu threads)\n",
               properties.name, f.device_copy / 1e12, f.d2h / 1e9, f.h2d / 1e9, f.triad / 1e9, threads);

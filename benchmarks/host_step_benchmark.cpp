@@ -24,23 +24,6 @@ const char* usage =
     "Times exec::host + reduce::host average+apply over the ResNet-50 and BERT-base variable lists and a\n"
     "flat sweep, against a triad floor measured on the same threads.";
 
-// Bytes per second of a[i] = b[i] + s * c[i] over n floats, split across `threads` threads (3 x 4 bytes
-// per element: two reads and one write).
-double triad_bandwidth(std::size_t n, std::size_t threads, int repetitions) {
-  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
-  detail::thread_pool pool(threads);
-  std::vector<double> seconds;
-  for (int r = 0; r < repetitions + 1; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    pool.run(threads, [&](std::size_t t) {
-      const std::size_t first = n * t / threads, last = n * (t + 1) / threads;
-      for (std::size_t i = first; i < last; ++i) a[i] = b[i] + 0.5f * c[i];
-    });
-    if (r > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return 12.0 * static_cast<double>(n) / median(seconds);
-}
-
 template <class Optim, class Layout>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
              const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o, double floor_bandwidth,
@@ -77,19 +60,8 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const double floor_ms = bytes / floor_bandwidth * 1e3;
   std::printf("%-10s %-6s %-12s %2zu %11.0f %9.3f %9.3f %8.1f %7.2fx\n", model.c_str(), Optim::name, Layout::name, towers,
               parameters, ms, floor_ms, bytes / (ms * 1e-3) / 1e9, ms / floor_ms);
-  out.rows.push_back(json_rows::row()
-                         .set("backend", "host")
-                         .set("exec", "host")
-                         .set("model", model)
-                         .set("optimizer", Optim::name)
-                         .set("layout", Layout::name)
-                         .set("towers", static_cast<double>(towers))
-                         .set("parameters", parameters)
-                         .set("tensors", static_cast<double>(variables.count()))
-                         .set("bytes", bytes)
-                         .set("ms", ms)
-                         .set("floor_ms", floor_ms)
-                         .set("ratio_to_floor", ms / floor_ms));
+  out.rows.push_back(json_rows::measurement("host", "host", model, Optim::name, Layout::name, towers, variables, bytes, ms,
+                                            floor_ms));
 }
 
 template <class Layout>
@@ -113,7 +85,7 @@ int main(int argc, char** argv) try {
     o.repetitions = std::min(o.repetitions, 5);
   }
   const std::size_t threads = std::thread::hardware_concurrency();
-  const double triad = triad_bandwidth(o.quick ? (1u << 24) : (1u << 27), threads, o.repetitions);
+  const double triad = towerpipe_bench::triad_bandwidth(o.quick ? (1u << 24) : (1u << 27), threads, o.repetitions);
   std::printf("CPU triad floor: %.1f GB/s on %zu threads\n", triad / 1e9, threads);
   std::printf("%-10s %-6s %-12s %2s %11s %9s %9s %8s %8s\n", "variables", "optim", "layout", "N", "parameters", "ms",
               "floor_ms", "GB/s", "ratio");
