@@ -50,6 +50,10 @@ class pipeline {
                 "layout::per_variable<T> or layout::flat<T>");
 
  public:
+  using exec_policy = Exec;
+  using reduce_policy = Reduce;
+  using optimizer = Optim;
+  using layout_policy = Layout;
   using value_type = typename Layout::value_type;
   using hyper_parameters = typename Optim::hyper_parameters;
   using towers_type = typename Exec::template towers<Layout>;
@@ -122,11 +126,23 @@ class pipeline {
   }
 
   // Optimizer state slot `slot` (see the optimizer's header for what each slot holds).
+  std::size_t optimizer_state_slots() const { return reducer_->state_slots(); }
   tensor_view<const value_type> optimizer_state(std::size_t slot, std::size_t index) const {
-    if (slot >= reducer_->state_slots())
-      detail::fail(Optim::name, " has ", reducer_->state_slots(), " state slot(s) here; slot ", slot, " requested");
-    variables_->check_index(index);
+    check_state_slot(slot, index);
     return reducer_->state_on_host(slot, index);
+  }
+  void set_optimizer_state(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
+    check_state_slot(slot, index);
+    if (count != (*variables_)[index].size)
+      detail::fail(Optim::name, " state slot ", slot, " of '", (*variables_)[index].name, "' set with ", count,
+                   " values; it holds ", (*variables_)[index].size);
+    reducer_->set_state(slot, index, values);
+  }
+
+  // For resuming from a checkpoint: the next step is step + 1 (bias corrections depend on it).
+  void restore_steps_done(std::int64_t steps) {
+    if (steps < 0) detail::fail("a step count cannot be negative (", steps, ")");
+    steps_done_ = steps;
   }
 
   // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
@@ -182,6 +198,12 @@ class pipeline {
   using clock = std::chrono::steady_clock;
   static double seconds_since(clock::time_point start) {
     return std::chrono::duration<double>(clock::now() - start).count();
+  }
+
+  void check_state_slot(std::size_t slot, std::size_t index) const {
+    if (slot >= reducer_->state_slots())
+      detail::fail(Optim::name, " has ", reducer_->state_slots(), " state slot(s) here; slot ", slot, " requested");
+    variables_->check_index(index);
   }
 
   static const hyper_parameters& checked(const hyper_parameters& h) {

@@ -8,6 +8,7 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/host.hpp"
+#include "towerpipe/io/checkpoint.hpp"
 #include "towerpipe/layout/batch.hpp"
 #include "towerpipe/layout/flat.hpp"
 #include "towerpipe/layout/per_variable.hpp"

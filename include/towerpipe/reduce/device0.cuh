@@ -64,6 +64,7 @@ class device0_reducer {
 
   std::size_t state_slots() const { return static_cast<std::size_t>(state_.slots()); }
   tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) { return state_.on_host(slot, index); }
+  void set_state(std::size_t slot, std::size_t index, const T* values) { state_.set(slot, index, values); }
   void parameter_set(std::size_t, const T*) {}  // replica 0 is the master copy
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,

@@ -41,6 +41,13 @@ class device_optimizer_state {
   pointer_table<T> table() const { return table_->view(); }
 
   // Call only when no reduction is in flight (between steps).
+  void set(std::size_t slot, std::size_t index, const T* values) {
+    device_guard on(device_);
+    TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+    TOWERPIPE_CUDA_CHECK(cudaMemcpy(slots_[slot].data(index), values, slots_[slot].view(index).size() * sizeof(T),
+                                    cudaMemcpyHostToDevice));
+  }
+
   tensor_view<const T> on_host(std::size_t slot, std::size_t index) {
     device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());

@@ -51,6 +51,9 @@ class host_optimizer_pass {
   const std::vector<tensor_chunk>& chunks() const { return chunks_; }
   std::size_t state_slots() const { return state_.size(); }
   tensor_view<const value_type> state_view(std::size_t slot, std::size_t index) const { return state_[slot].view(index); }
+  void set_state(std::size_t slot, std::size_t index, const value_type* values) {
+    std::copy(values, values + state_[slot].view(index).size(), state_[slot].data(index));
+  }
 
   // For chunks [first, last): parameters = update(canonical_sum_t(weights[t] * gradients[t]), parameters,
   // state), spread over the pool's threads.
@@ -133,6 +136,7 @@ class host_reducer {
 
   std::size_t state_slots() const { return pass_.state_slots(); }
   tensor_view<const value_type> state_on_host(std::size_t slot, std::size_t index) { return pass_.state_view(slot, index); }
+  void set_state(std::size_t slot, std::size_t index, const value_type* values) { pass_.set_state(slot, index, values); }
   void parameter_set(std::size_t, const value_type*) {}  // the towers' parameters are the only copy
 
   // The fused pass over every chunk, in the towers' shared parameters: there is nothing to broadcast.

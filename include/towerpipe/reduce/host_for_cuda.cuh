@@ -51,6 +51,7 @@ class cuda_host_reducer {
 
   std::size_t state_slots() const { return pass_.state_slots(); }
   tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) { return pass_.state_view(slot, index); }
+  void set_state(std::size_t slot, std::size_t index, const T* values) { pass_.set_state(slot, index, values); }
   void parameter_set(std::size_t index, const T* values) {
     std::copy(values, values + master_.view(index).size(), master_.data(index));
   }

@@ -1,0 +1,223 @@
+#pragma once
+// Checkpoints: a pipeline's parameters, optimizer state and step count in one file, loadable into any
+// backend and layout with the same variables and optimizer; resuming reproduces the uninterrupted run
+// bitwise (the step count restores the bias corrections).
+//
+// File (native byte order; written and read on the same kind of machine):
+//   "TWRPCKPT" | u32 format version | u64 header bytes | header | payload | u64 FNV-1a of all before it
+// header: text lines "key value...": optimizer, value_bytes, state_slots, steps, written_by (the
+// policies, for information), variables, then "variable NAME DIM..." per variable. payload: every
+// variable's parameters in order, then every state slot's variables in order.
+//
+// Writing is atomic: a temporary file beside the target, flushed and fsync'ed, then renamed over it.
+// Reading checks everything — magic, version, size, checksum, optimizer, slots, variable names and
+// shapes — before it changes anything, and says which check failed.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/core/shape.hpp"
+#include "towerpipe/core/variable_set.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+constexpr char checkpoint_magic[8] = {'T', 'W', 'R', 'P', 'C', 'K', 'P', 'T'};
+constexpr std::uint32_t checkpoint_version = 1;
+
+inline std::uint64_t fnv1a(const char* data, std::size_t size) {
+  std::uint64_t hash = 1469598103934665603ULL;
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= static_cast<unsigned char>(data[i]);
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+template <class T>
+void append_raw(std::string& out, const T& value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+template <class T>
+T read_raw(const std::string& in, std::size_t offset) {
+  T value;
+  std::memcpy(&value, in.data() + offset, sizeof value);
+  return value;
+}
+
+// Writes `bytes` to `path` atomically: temp file, fsync, rename.
+inline void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail("checkpoint ", path, ": cannot create ", temporary, ": ", std::strerror(errno));
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string reason = std::strerror(errno);
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      fail("checkpoint ", path, ": write failed: ", reason);
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(temporary.c_str());
+    fail("checkpoint ", path, ": fsync/close failed: ", reason);
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(temporary.c_str());
+    fail("checkpoint ", path, ": rename failed: ", reason);
+  }
+}
+
+inline std::string describe_variables(const variable_set& variables) {
+  std::string text;
+  for (const variable& v : variables) {
+    text += "variable " + v.name;
+    for (std::size_t extent : v.shape) text += " " + std::to_string(extent);
+    text += "\n";
+  }
+  return text;
+}
+
+}  // namespace detail
+
+template <class Pipeline>
+void save_checkpoint(const Pipeline& pipeline, const std::string& path) {
+  using T = typename Pipeline::value_type;
+  const variable_set& variables = pipeline.variables();
+  std::ostringstream header;
+  header << "optimizer " << Pipeline::optimizer::name << "\n"
+         << "value_bytes " << sizeof(T) << "\n"
+         << "state_slots " << pipeline.optimizer_state_slots() << "\n"
+         << "steps " << pipeline.steps_done() << "\n"
+         << "written_by exec::" << Pipeline::exec_policy::name << " reduce::" << Pipeline::reduce_policy::name
+         << " layout::" << Pipeline::layout_policy::name << "\n"
+         << "variables " << variables.count() << "\n"
+         << detail::describe_variables(variables);
+  const std::string header_text = header.str();
+
+  std::string bytes(detail::checkpoint_magic, sizeof detail::checkpoint_magic);
+  detail::append_raw(bytes, detail::checkpoint_version);
+  detail::append_raw(bytes, static_cast<std::uint64_t>(header_text.size()));
+  bytes += header_text;
+  const auto append_view = [&](auto view) { bytes.append(reinterpret_cast<const char*>(view.data()), view.size() * sizeof(T)); };
+  for (std::size_t v = 0; v < variables.count(); ++v) append_view(pipeline.parameter(v));
+  for (std::size_t slot = 0; slot < pipeline.optimizer_state_slots(); ++slot) {
+    for (std::size_t v = 0; v < variables.count(); ++v) append_view(pipeline.optimizer_state(slot, v));
+  }
+  detail::append_raw(bytes, detail::fnv1a(bytes.data(), bytes.size()));
+  detail::write_file_atomically(path, bytes);
+}
+
+template <class Pipeline>
+void load_checkpoint(Pipeline& pipeline, const std::string& path) {
+  using T = typename Pipeline::value_type;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) detail::fail("checkpoint ", path, ": cannot open");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto reject = [&](const auto&... why) { detail::fail("checkpoint ", path, ": ", why...); };
+
+  const std::size_t preamble = sizeof detail::checkpoint_magic + sizeof(std::uint32_t) + sizeof(std::uint64_t);
+  if (bytes.size() < sizeof detail::checkpoint_magic ||
+      std::memcmp(bytes.data(), detail::checkpoint_magic, sizeof detail::checkpoint_magic) != 0)
+    reject("not a towerpipe checkpoint (no TWRPCKPT magic)");
+  if (bytes.size() < preamble) reject("truncated: ", bytes.size(), " bytes, not even a header");
+  const auto version = detail::read_raw<std::uint32_t>(bytes, sizeof detail::checkpoint_magic);
+  if (version != detail::checkpoint_version)
+    reject("format version ", version, ", this build reads version ", detail::checkpoint_version);
+  const auto header_size = detail::read_raw<std::uint64_t>(bytes, preamble - sizeof(std::uint64_t));
+  if (header_size > bytes.size() - preamble) reject("truncated inside the header");
+
+  // The fingerprint: everything but the policies must match this pipeline.
+  std::istringstream header(bytes.substr(preamble, header_size));
+  const auto field = [&](const char* expected_key) {
+    std::string line, key;
+    std::getline(header, line);
+    std::istringstream fields(line);
+    fields >> key;
+    if (!header || key != expected_key) reject("unreadable header: expected '", expected_key, "', read '", line, "'");
+    std::string rest;
+    std::getline(fields >> std::ws, rest);
+    return rest;
+  };
+  const auto number = [&](const char* key) {
+    const std::string text = field(key);
+    std::istringstream digits(text);
+    long long value = 0;
+    if (!(digits >> value) || !(digits >> std::ws).eof()) reject("unreadable header: '", key, "' is '", text, "'");
+    return value;
+  };
+  const std::string optimizer_name = field("optimizer");
+  const auto value_bytes = static_cast<std::size_t>(number("value_bytes"));
+  const auto slots = static_cast<std::size_t>(number("state_slots"));
+  const long long steps = number("steps");
+  field("written_by");
+  const long long count = number("variables");
+  variable_set variables;
+  for (long long v = 0; v < count; ++v) {
+    std::istringstream fields(field("variable"));
+    std::string name;
+    fields >> name;
+    shape extents;
+    for (std::size_t extent; fields >> extent;) extents.push_back(extent);
+    try {
+      variables.add(name, extents);
+    } catch (const error& e) {
+      reject("unreadable header: ", e.message());
+    }
+  }
+  if (optimizer_name != Pipeline::optimizer::name)
+    reject("written by optimizer ", optimizer_name, ", this pipeline uses ", Pipeline::optimizer::name);
+  if (value_bytes != sizeof(T)) reject("holds ", value_bytes, "-byte values, this pipeline ", sizeof(T), "-byte ones");
+  if (slots != pipeline.optimizer_state_slots())
+    reject("holds ", slots, " optimizer state slot(s), this pipeline has ", pipeline.optimizer_state_slots());
+  const variable_set& mine = pipeline.variables();
+  if (variables.count() != mine.count())
+    reject("holds ", variables.count(), " variables, this pipeline has ", mine.count());
+  for (std::size_t v = 0; v < mine.count(); ++v) {
+    if (variables[v].name != mine[v].name || variables[v].shape != mine[v].shape)
+      reject("variable #", v, " is '", variables[v].name, "' ", to_string(variables[v].shape), ", this pipeline has '",
+             mine[v].name, "' ", to_string(mine[v].shape));
+  }
+
+  const std::size_t payload = (1 + slots) * mine.total_size() * sizeof(T);
+  const std::size_t expected = preamble + header_size + payload + sizeof(std::uint64_t);
+  if (bytes.size() != expected)
+    reject(bytes.size() < expected ? "truncated: " : "too long: ", bytes.size(), " bytes, expected ", expected);
+  if (detail::read_raw<std::uint64_t>(bytes, expected - sizeof(std::uint64_t)) !=
+      detail::fnv1a(bytes.data(), expected - sizeof(std::uint64_t)))
+    reject("corrupted: checksum mismatch");
+
+  // Everything checked: now change the pipeline.
+  const char* cursor = bytes.data() + preamble + header_size;
+  std::vector<T> values;
+  const auto next = [&](std::size_t size) {
+    values.resize(size);
+    std::memcpy(values.data(), cursor, size * sizeof(T));
+    cursor += size * sizeof(T);
+    return values.data();
+  };
+  for (std::size_t v = 0; v < mine.count(); ++v) pipeline.set_parameter(v, next(mine[v].size), mine[v].size);
+  for (std::size_t slot = 0; slot < slots; ++slot) {
+    for (std::size_t v = 0; v < mine.count(); ++v) pipeline.set_optimizer_state(slot, v, next(mine[v].size), mine[v].size);
+  }
+  pipeline.restore_steps_done(steps);
+}
+
+}  // namespace towerpipe

@@ -1,0 +1,122 @@
+// Checkpoints: round trip into another layout, resume equal to the uninterrupted run bitwise, and
+// every damaged or mismatched file rejected with its reason, leaving the pipeline untouched.
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <unistd.h>
+
+#include "test_support.hpp"
+
+using namespace towerpipe;
+using towerpipe_tests::first_bitwise_difference;
+using towerpipe_tests::random_source;
+
+namespace {
+
+template <class Layout, class Optim = optim::adam>
+using trainer = pipeline<exec::host, reduce::host, Optim, Layout>;
+
+const variable_set variables{{"w", {33, 7}}, {"b", {7}}};
+const std::vector<input_spec> inputs{{"x", dtype::float32, {1}}};
+
+std::string temporary_path(const std::string& name) {
+  return "/tmp/towerpipe_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+// Steps [first, last) of a fixed random gradient sequence: step s draws from its own seed, so any
+// split of the steps sees the same gradients.
+template <class Pipeline>
+void train_steps(Pipeline& p, int first, int last) {
+  const std::vector<float> x(4, 1.0f);
+  batch b;
+  b.add("x", x.data(), 4, {1});
+  for (int s = first; s < last; ++s) {
+    random_source random(1000 + static_cast<std::uint64_t>(s));
+    std::vector<std::vector<std::vector<float>>> grads(p.towers());
+    for (auto& tower : grads) {
+      for (const variable& v : variables) tower.push_back(random.normal(v.size));
+    }
+    p.step(b, [&](typename Pipeline::tower_context& tower) {
+      for (std::size_t v = 0; v < variables.count(); ++v)
+        tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
+      return 0.0;
+    });
+  }
+}
+
+template <class A, class B>
+void require_same_state(const A& a, const B& b) {
+  REQUIRE(a.steps_done() == b.steps_done());
+  for (std::size_t v = 0; v < variables.count(); ++v) {
+    REQUIRE(first_bitwise_difference(a.parameter(v), b.parameter(v)) == -1);
+    for (std::size_t slot = 0; slot < a.optimizer_state_slots(); ++slot)
+      REQUIRE(first_bitwise_difference(a.optimizer_state(slot, v), b.optimizer_state(slot, v)) == -1);
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips into another layout and resumes bitwise", "[checkpoint]") {
+  const std::string path = temporary_path("resume.ckpt");
+  trainer<layout::flat<float>> uninterrupted(variables, inputs, 3, optim::adam::hyper_parameters{});
+  train_steps(uninterrupted, 0, 10);
+
+  trainer<layout::flat<float>> first_half(variables, inputs, 3, optim::adam::hyper_parameters{});
+  train_steps(first_half, 0, 5);
+  save_checkpoint(first_half, path);
+  CHECK(std::ifstream(path + ".tmp." + std::to_string(::getpid())).fail());  // no temporary left behind
+
+  trainer<layout::per_variable<float>> resumed(variables, inputs, 3, optim::adam::hyper_parameters{});
+  load_checkpoint(resumed, path);
+  require_same_state(resumed, first_half);
+  train_steps(resumed, 5, 10);
+  require_same_state(resumed, uninterrupted);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("damaged or mismatched checkpoints are rejected with the reason; nothing changes", "[checkpoint][errors]") {
+  const std::string path = temporary_path("damaged.ckpt");
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(source, 0, 3);
+  save_checkpoint(source, path);
+  const std::string good = read_file(path);
+
+  trainer<layout::flat<float>> target(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(target, 0, 1);
+  const auto rejects = [&](const std::string& bytes, const std::string& reason) {
+    write_file(path, bytes);
+    std::vector<std::vector<float>> before;
+    for (std::size_t v = 0; v < variables.count(); ++v) before.emplace_back(target.parameter(v).begin(), target.parameter(v).end());
+    CHECK_THROWS_WITH(load_checkpoint(target, path), Catch::Contains(reason));
+    CHECK(target.steps_done() == 1);
+    for (std::size_t v = 0; v < variables.count(); ++v) CHECK(first_bitwise_difference(target.parameter(v), before[v]) == -1);
+  };
+  rejects(good.substr(0, good.size() - 100), "truncated");
+  rejects(good.substr(0, 10), "truncated");
+  rejects(good + "x", "too long");
+  std::string flipped = good;
+  flipped[flipped.size() / 2] ^= 0x40;
+  rejects(flipped, "corrupted: checksum mismatch");
+  rejects("PK\x03\x04 not a checkpoint at all", "not a towerpipe checkpoint");
+  CHECK_THROWS_WITH(load_checkpoint(target, path + ".missing"), Catch::Contains("cannot open"));
+
+  write_file(path, good);
+  trainer<layout::flat<float>> other_shape(variable_set{{"w", {33, 8}}, {"b", {7}}}, inputs, 2,
+                                           optim::adam::hyper_parameters{});
+  CHECK_THROWS_WITH(load_checkpoint(other_shape, path),
+                    Catch::Contains("variable #0 is 'w' [33, 7], this pipeline has 'w' [33, 8]"));
+  trainer<layout::flat<float>, optim::adamw> other_optimizer(variables, inputs, 2, optim::adamw::hyper_parameters{});
+  CHECK_THROWS_WITH(load_checkpoint(other_optimizer, path),
+                    Catch::Contains("written by optimizer adam, this pipeline uses adamw"));
+  std::remove(path.c_str());
+}
