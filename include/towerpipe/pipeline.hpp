@@ -158,6 +158,7 @@ class pipeline {
     const auto start = clock::now();
     stage(examples);
     const double staging = seconds_since(start);
+    trace("split", "check + split + stage", start, steps_done_ + 1);
     step_stats stats = step(fn);
     stats.stages.split += staging;
     stats.seconds += staging;
@@ -178,7 +179,7 @@ class pipeline {
       weights[i] = static_cast<value_type>(shards[i].weight);
       stats.examples += shards[i].examples;
     }
-    stats.tower_loss = towers_->run(fn);
+    stats.tower_loss = towers_->run(fn, steps_done_ + 1);
     for (std::size_t i = 0; i < shards.size(); ++i) stats.loss += shards[i].weight * stats.tower_loss[i];
     stats.stages.towers = seconds_since(start);
 
@@ -186,6 +187,7 @@ class pipeline {
     const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
     reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
     if (stats.stages.reduce == 0) stats.stages.reduce = seconds_since(reduce_start);
+    trace("reduce", "average + apply + broadcast", reduce_start, steps_done_ + 1);
 
     ++steps_done_;
     stats.step = steps_done_;
@@ -198,6 +200,11 @@ class pipeline {
   using clock = std::chrono::steady_clock;
   static double seconds_since(clock::time_point start) {
     return std::chrono::duration<double>(clock::now() - start).count();
+  }
+
+  // Records the span [start, now) of a pipeline stage, when a timeline is attached.
+  void trace(const char* row, const char* name, clock::time_point start, std::int64_t step) const {
+    if (options_.trace != nullptr) options_.trace->record(row, name, start, clock::now(), step);
   }
 
   void check_state_slot(std::size_t slot, std::size_t index) const {

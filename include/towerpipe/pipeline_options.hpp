@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "towerpipe/split.hpp"
+#include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
 
@@ -16,6 +17,8 @@ struct pipeline_options {
   // exec::cuda: tower i runs on devices[i % devices.size()]; empty: towers round-robin over every
   // visible device. Several towers may share a device.
   std::vector<int> devices;
+  // Where steps record their spans (trace/timeline.hpp); null: no recording. Must outlive the pipeline.
+  timeline* trace = nullptr;
 };
 
 }  // namespace towerpipe

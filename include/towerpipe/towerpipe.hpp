@@ -20,3 +20,4 @@
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
+#include "towerpipe/trace/timeline.hpp"

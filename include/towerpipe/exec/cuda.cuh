@@ -139,6 +139,7 @@ class cuda_towers {
       : devices_(detail::assign_devices(towers, options.devices)),
         peers_(detail::enable_peer_access(devices_)),
         pool_(detail::host_thread_count(towers, options)),
+        trace_(options.trace),
         host_mirror_(variables),
         written_(towers, std::vector<char>(variables.count(), 0)),
         losses_(cuda_pinned_memory{}.allocate<float>(towers)) {
@@ -193,7 +194,7 @@ class cuda_towers {
   // returning nothing writes it to context::device_loss(). Throws if a tower threw or left a gradient
   // unwritten, naming the tower; no reduction then follows, so the parameters stay as they were.
   template <class TowerFn>
-  std::vector<double> run(TowerFn& fn) {
+  std::vector<double> run(TowerFn& fn, std::int64_t step) {
     const staged_batch current = std::move(staged_.front());
     staged_.pop_front();
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
@@ -210,6 +211,7 @@ class cuda_towers {
         own.gradients_ready.record(own.stream);
         own.slot_free[current.slot].record(own.stream);
       };
+      const auto start = timeline::clock::now();
       try {
         if constexpr (std::is_void_v<decltype(fn(ctx))>) {
           fn(ctx);
@@ -224,6 +226,8 @@ class cuda_towers {
         throw;
       }
       record_done();
+      if (trace_ != nullptr)
+        trace_->record(detail::make_message("tower ", t), "enqueue compute", start, timeline::clock::now(), step);
     });
     detail::throw_tower_failures(failures, written_, host_mirror_.variables());
     if constexpr (std::is_void_v<decltype(fn(std::declval<context&>()))>) {
@@ -350,6 +354,7 @@ class cuda_towers {
   std::vector<int> devices_;
   std::set<std::pair<int, int>> peers_;
   detail::thread_pool pool_;
+  timeline* trace_;
   host_buffer host_mirror_;
   std::vector<std::unique_ptr<tower>> towers_;
   std::vector<std::vector<char>> written_;

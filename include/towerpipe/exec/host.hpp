@@ -70,6 +70,7 @@ class host_towers {
 
   host_towers(const variable_set& variables, std::size_t towers, const pipeline_options& options)
       : pool_(detail::host_thread_count(towers, options)),
+        trace_(options.trace),
         parameters_(variables),
         written_(towers, std::vector<char>(variables.count(), 0)) {
     gradients_.reserve(towers);
@@ -101,7 +102,7 @@ class host_towers {
   // outcome) and returns each tower's loss. After all towers have ended, throws if any threw or left a
   // gradient unwritten; the message names the tower and the variable.
   template <class TowerFn>
-  std::vector<double> run(TowerFn& fn) {
+  std::vector<double> run(TowerFn& fn, std::int64_t step) {
     const staged_batch current = std::move(staged_.front());
     staged_.pop_front();
     std::vector<double> losses(towers());
@@ -109,7 +110,9 @@ class host_towers {
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t tower) {
       context ctx(tower, towers(), current.shards[tower], current.shard_weights[tower].weight, &parameters_,
                   &gradients_[tower], &written_[tower]);
+      const auto start = timeline::clock::now();
       losses[tower] = static_cast<double>(fn(ctx));
+      if (trace_ != nullptr) trace_->record(detail::make_message("tower ", tower), "compute", start, timeline::clock::now(), step);
     });
     detail::throw_tower_failures(failures, written_, parameters_.variables());
     return losses;
@@ -122,6 +125,7 @@ class host_towers {
   };
 
   detail::thread_pool pool_;
+  timeline* trace_;
   buffer parameters_;
   std::vector<buffer> gradients_;
   std::vector<std::vector<char>> written_;  // [tower][variable]: gradient written this step
