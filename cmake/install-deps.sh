@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing towerpipe needs, where it is missing, from Debian's packages:
-# cmake, g++, ninja and Catch2 2.x. The CUDA toolkit is optional (GPU tests are built when nvcc exists).
+# cmake, g++, ninja, Catch2 2.x, and for the training program zlib and OpenBLAS. Extra package names
+# given as arguments are installed too (examples/run.sh asks for the data set). The CUDA toolkit is
+# optional (GPU tests are built where nvcc exists).
 set -euo pipefail
 
 needed=()
@@ -8,6 +10,9 @@ command -v cmake >/dev/null || needed+=(cmake)
 command -v g++ >/dev/null || needed+=(g++)
 command -v ninja >/dev/null || needed+=(ninja-build)
 [ -f /usr/lib/cmake/Catch2/Catch2Config.cmake ] || [ -f /usr/share/cmake/Catch2/Catch2Config.cmake ] || needed+=(catch2)
+[ -f /usr/include/zlib.h ] || needed+=(zlib1g-dev)
+dpkg -s libopenblas-dev >/dev/null 2>&1 || needed+=(libopenblas-dev)
+for package in "$@"; do dpkg -s "$package" >/dev/null 2>&1 || needed+=("$package"); done
 [ ${#needed[@]} -eq 0 ] && exit 0
 
 echo "towerpipe: installing ${needed[*]} from Debian's packages"

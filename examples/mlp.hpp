@@ -1,8 +1,8 @@
 #pragma once
 // A multi-layer perceptron classifier — ReLU hidden layers, softmax cross-entropy — with hand-written
-// forward and backward passes on the CPU, for host towers. Variables are "layer<k>.weight" [out, in]
-// and "layer<k>.bias" [out]; inputs are "image" (float32, one row of `layers.front()` features per
-// example) and "label" (int32 class index).
+// batched forward and backward passes on the CPU (GEMMs through gemm.hpp), for host towers. Variables
+// are "layer<k>.weight" [out, in] and "layer<k>.bias" [out]; inputs are "image" (float32, one row of
+// `layers.front()` features per example, row-major) and "label" (int32 class index).
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +14,8 @@
 
 #include <towerpipe/towerpipe.hpp>
 
+#include "gemm.hpp"
+
 namespace towerpipe_examples {
 
 class mlp {
@@ -24,6 +26,11 @@ class mlp {
 
   std::size_t inputs() const { return layers_.front(); }
   std::size_t classes() const { return layers_.back(); }
+  std::string describe() const {
+    std::string text = "MLP";
+    for (std::size_t i = 0; i < layers_.size(); ++i) text += (i ? "-" : " ") + std::to_string(layers_[i]);
+    return text;
+  }
 
   towerpipe::variable_set variables() const {
     towerpipe::variable_set set;
@@ -57,90 +64,84 @@ class mlp {
   template <class Parameter, class Gradient>
   double loss_and_gradient(const towerpipe::batch_view<float>& images, const towerpipe::batch_view<std::int32_t>& labels,
                            Parameter&& parameter, Gradient&& gradient) const {
-    const std::size_t layer_count = layers_.size() - 1;
-    for (std::size_t k = 0; k < layer_count; ++k) {
-      std::fill_n(gradient(2 * k), layers_[k + 1] * layers_[k], 0.0f);
-      std::fill_n(gradient(2 * k + 1), layers_[k + 1], 0.0f);
-    }
-    const float scale = 1.0f / static_cast<float>(images.examples());
-    std::vector<std::vector<float>> activation(layers_.size());
-    std::vector<float> delta, previous_delta;
+    const int batch = static_cast<int>(images.examples());
+    std::vector<std::vector<float>> activation = forward(images, parameter);
+    std::vector<float>& probabilities = activation.back();
     double loss = 0.0;
-    for (std::size_t e = 0; e < images.examples(); ++e) {
-      forward(images, e, parameter, activation);
-      const std::int32_t label = check_label(labels(e, 0));
-      std::vector<float>& p = activation.back();
-      softmax(p);
-      loss -= std::log(std::max(p[static_cast<std::size_t>(label)], 1e-30f));
-      delta = p;
-      delta[static_cast<std::size_t>(label)] -= 1.0f;
-      for (std::size_t k = layer_count; k-- > 0;) {
-        const std::size_t in = layers_[k], out = layers_[k + 1];
-        const float* w = parameter(2 * k);
-        float* dw = gradient(2 * k);
-        float* db = gradient(2 * k + 1);
-        const std::vector<float>& h = activation[k];
-        for (std::size_t o = 0; o < out; ++o) {
-          const float d = delta[o] * scale;
-          db[o] += d;
-          for (std::size_t i = 0; i < in; ++i) dw[o * in + i] += d * h[i];
-        }
-        if (k == 0) break;
-        previous_delta.assign(in, 0.0f);
-        for (std::size_t o = 0; o < out; ++o) {
-          for (std::size_t i = 0; i < in; ++i) previous_delta[i] += w[o * in + i] * delta[o];
-        }
-        for (std::size_t i = 0; i < in; ++i) {
-          if (h[i] <= 0.0f) previous_delta[i] = 0.0f;  // ReLU
-        }
-        delta.swap(previous_delta);
-      }
+    const int classes_count = static_cast<int>(classes());
+    for (int e = 0; e < batch; ++e) {
+      float* row = probabilities.data() + static_cast<std::size_t>(e) * classes();
+      softmax(row, classes_count);
+      const std::int32_t label = check_label(labels(static_cast<std::size_t>(e), 0));
+      loss -= std::log(std::max(row[label], 1e-30f));
+      row[label] -= 1.0f;  // now the gradient of the summed loss with respect to the logits
     }
-    return loss / static_cast<double>(images.examples());
+    std::vector<float> delta = std::move(probabilities), previous;
+    const float scale = 1.0f / static_cast<float>(batch);
+    for (std::size_t k = layers_.size() - 1; k-- > 0;) {
+      const int in = static_cast<int>(layers_[k]), out = static_cast<int>(layers_[k + 1]);
+      const float* input = k == 0 ? images.data() : activation[k].data();
+      gemm(true, false, out, in, batch, scale, delta.data(), out, input, in, 0.0f, gradient(2 * k), in);
+      float* bias_gradient = gradient(2 * k + 1);
+      std::fill_n(bias_gradient, out, 0.0f);
+      for (int e = 0; e < batch; ++e) {
+        for (int o = 0; o < out; ++o) bias_gradient[o] += scale * delta[static_cast<std::size_t>(e * out + o)];
+      }
+      if (k == 0) break;
+      previous.assign(static_cast<std::size_t>(batch) * static_cast<std::size_t>(in), 0.0f);
+      gemm(false, false, batch, in, out, 1.0f, delta.data(), out, parameter(2 * k), in, 0.0f, previous.data(), in);
+      const std::vector<float>& h = activation[k];
+      for (std::size_t i = 0; i < previous.size(); ++i) {
+        if (h[i] <= 0.0f) previous[i] = 0.0f;  // ReLU
+      }
+      delta.swap(previous);
+    }
+    return loss / batch;
   }
 
   // Examples whose most probable class is their label.
   template <class Parameter>
   std::size_t count_correct(const towerpipe::batch_view<float>& images, const towerpipe::batch_view<std::int32_t>& labels,
                             Parameter&& parameter) const {
-    std::vector<std::vector<float>> activation(layers_.size());
+    const std::vector<std::vector<float>> activation = forward(images, parameter);
+    const std::vector<float>& logits = activation.back();
     std::size_t correct = 0;
     for (std::size_t e = 0; e < images.examples(); ++e) {
-      forward(images, e, parameter, activation);
-      const std::vector<float>& logits = activation.back();
-      const auto best = std::max_element(logits.begin(), logits.end()) - logits.begin();
+      const float* row = logits.data() + e * classes();
+      const auto best = std::max_element(row, row + classes()) - row;
       correct += best == check_label(labels(e, 0)) ? 1 : 0;
     }
     return correct;
   }
 
  private:
-  // activation[0] = image e; activation[k + 1] = layer k's output (ReLU except for the logits).
+  // activation[k + 1] = layer k's output for every example (ReLU except for the logits); activation[0]
+  // stays empty: the images are read in place.
   template <class Parameter>
-  void forward(const towerpipe::batch_view<float>& images, std::size_t e, Parameter& parameter,
-               std::vector<std::vector<float>>& activation) const {
-    activation[0].resize(inputs());
-    for (std::size_t f = 0; f < inputs(); ++f) activation[0][f] = images(e, f);
-    const std::size_t layer_count = layers_.size() - 1;
-    for (std::size_t k = 0; k < layer_count; ++k) {
-      const std::size_t in = layers_[k], out = layers_[k + 1];
-      const float* w = parameter(2 * k);
-      const float* b = parameter(2 * k + 1);
-      activation[k + 1].assign(b, b + out);
-      for (std::size_t o = 0; o < out; ++o) {
-        float sum = 0.0f;
-        for (std::size_t i = 0; i < in; ++i) sum += w[o * in + i] * activation[k][i];
-        activation[k + 1][o] += sum;
-        if (k + 1 < layer_count) activation[k + 1][o] = std::max(activation[k + 1][o], 0.0f);
+  std::vector<std::vector<float>> forward(const towerpipe::batch_view<float>& images, Parameter& parameter) const {
+    if (!images.is_row_major()) throw std::invalid_argument("the mlp example reads row-major images");
+    const int batch = static_cast<int>(images.examples());
+    std::vector<std::vector<float>> activation(layers_.size());
+    for (std::size_t k = 0; k + 1 < layers_.size(); ++k) {
+      const int in = static_cast<int>(layers_[k]), out = static_cast<int>(layers_[k + 1]);
+      const float* input = k == 0 ? images.data() : activation[k].data();
+      std::vector<float>& output = activation[k + 1];
+      output.resize(static_cast<std::size_t>(batch) * static_cast<std::size_t>(out));
+      const float* bias = parameter(2 * k + 1);
+      for (int e = 0; e < batch; ++e) std::copy(bias, bias + out, output.data() + static_cast<std::size_t>(e * out));
+      gemm(false, true, batch, out, in, 1.0f, input, in, parameter(2 * k), in, 1.0f, output.data(), out);
+      if (k + 2 < layers_.size()) {
+        for (float& z : output) z = std::max(z, 0.0f);
       }
     }
+    return activation;
   }
 
-  static void softmax(std::vector<float>& logits) {
-    const float top = *std::max_element(logits.begin(), logits.end());
+  static void softmax(float* logits, int count) {
+    const float top = *std::max_element(logits, logits + count);
     float total = 0.0f;
-    for (float& z : logits) total += (z = std::exp(z - top));
-    for (float& z : logits) z /= total;
+    for (int i = 0; i < count; ++i) total += (logits[i] = std::exp(logits[i] - top));
+    for (int i = 0; i < count; ++i) logits[i] /= total;
   }
 
   std::int32_t check_label(std::int32_t label) const {

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# The main job: builds the examples and runs the host training demo; arguments go to the demo
-# (--help lists them). Installs what the build needs when missing.
+# The main job: builds and runs the training program (examples/train.cpp) — an MLP on Fashion-MNIST
+# across host towers. Arguments go to the program (--help lists them). Installs what it needs when
+# missing, the data set (Debian's dataset-fashion-mnist) included; where the data set cannot be
+# installed it says so and trains on a GENERATED data set of the same shape instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash cmake/install-deps.sh
+data=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+bash cmake/install-deps.sh dataset-fashion-mnist || bash cmake/install-deps.sh
+extra=()
+if [ ! -f "$data" ] && [[ " $* " != *" --data "* && " $* " != *" --generated "* ]]; then
+  echo "run.sh: Fashion-MNIST is not installed and could not be (Debian package dataset-fashion-mnist);" \
+       "training on a GENERATED data set instead" >&2
+  extra=(--generated 60000)
+fi
 cmake --preset default >/dev/null
-cmake --build --preset default --target host_training_demo
-exec build/default/examples/host_training_demo "$@"
+cmake --build --preset default --target train
+exec build/default/examples/train "${extra[@]}" "$@"

@@ -148,9 +148,12 @@ class pipeline {
   // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
   // At most two batches may wait: the one the next step uses and the one after.
   void stage(const batch& examples) {
+    const auto start = clock::now();
     if (towers_->staged() >= 2) detail::fail("two batches are staged already: call step(fn) before staging more");
     examples.check_against(inputs_);
+    const std::int64_t consuming_step = steps_done_ + static_cast<std::int64_t>(towers_->staged()) + 1;
     towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
+    trace("split", "check + split + stage", start, consuming_step);
   }
 
   template <class TowerFn>
@@ -158,7 +161,6 @@ class pipeline {
     const auto start = clock::now();
     stage(examples);
     const double staging = seconds_since(start);
-    trace("split", "check + split + stage", start, steps_done_ + 1);
     step_stats stats = step(fn);
     stats.stages.split += staging;
     stats.seconds += staging;

@@ -1,0 +1,36 @@
+#pragma once
+// Row-major single-precision GEMM for the examples: C = alpha * op(A) * op(B) + beta * C, with
+// op(X) = X or its transpose. Uses the CBLAS of a real BLAS (OpenBLAS) where the build found one
+// (TOWERPIPE_EXAMPLES_CBLAS), else a plain loop that is correct but slow.
+
+#if defined(TOWERPIPE_EXAMPLES_CBLAS)
+#include <cblas.h>
+#endif
+
+namespace towerpipe_examples {
+
+// Towers are the parallelism: each tower thread runs its GEMMs single-threaded, so that N towers do not
+// start N x cores BLAS threads.
+inline void use_single_threaded_gemm() {
+#if defined(TOWERPIPE_EXAMPLES_CBLAS) && defined(OPENBLAS_VERSION)
+  openblas_set_num_threads(1);
+#endif
+}
+
+inline void gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* b, int ldb, float beta, float* c, int ldc) {
+#if defined(TOWERPIPE_EXAMPLES_CBLAS)
+  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n, k,
+              alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) c[i * ldc + j] *= beta;
+    for (int p = 0; p < k; ++p) {
+      const float scale = alpha * (transpose_a ? a[p * lda + i] : a[i * lda + p]);
+      for (int j = 0; j < n; ++j) c[i * ldc + j] += scale * (transpose_b ? b[j * ldb + p] : b[p * ldb + j]);
+    }
+  }
+#endif
+}
+
+}  // namespace towerpipe_examples

@@ -1,0 +1,86 @@
+# The training program end to end, on GENERATED data (CI has no Fashion-MNIST): it trains, every
+# optimizer x layout runs, bad flags and files give a one-line error and a non-zero exit, the
+# timeline holds every stage of every step, and resuming from a checkpoint ends bitwise where the
+# uninterrupted run ends. Run as: cmake -DTRAIN=<path> -DWORK=<dir> -P train_program.cmake
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(small --generated 600 --batch-size 40 --log-every 1000)
+
+function(run_train out_var expected_status)
+  execute_process(COMMAND ${TRAIN} ${ARGN} RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors)
+  if(NOT status STREQUAL expected_status)
+    message(FATAL_ERROR "train ${ARGN}: exit ${status}, expected ${expected_status}\n${output}\n${errors}")
+  endif()
+  set(${out_var} "${output}${errors}" PARENT_SCOPE)
+endfunction()
+
+function(final_field output regex out_var)
+  if(NOT output MATCHES "${regex}")
+    message(FATAL_ERROR "no match for '${regex}' in:\n${output}")
+  endif()
+  set(${out_var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()
+
+# It trains: accuracy far above chance (10%) after 3 epochs, and rises from the first epoch.
+run_train(out 0 ${small} --epochs 3 --towers 3 --lr 0.01)
+final_field("${out}" "epoch 1: test accuracy ([0-9.]+)%" first)
+final_field("${out}" "final: test accuracy ([0-9.]+)%" last)
+if(last LESS 60 OR last LESS first)
+  message(FATAL_ERROR "accuracy ${first}% -> ${last}%: not learning\n${out}")
+endif()
+
+# Every optimizer and layout runs.
+foreach(optimizer sgd momentum adam adamw)
+  foreach(layout flat per_variable)
+    run_train(out 0 --generated 200 --batch-size 20 --epochs 1 --optimizer ${optimizer} --layout ${layout})
+  endforeach()
+endforeach()
+
+# Bad input: one line, non-zero.
+foreach(case "--towers;x|--towers needs a positive whole number"
+             "--towers;0|--towers needs a positive whole number"
+             "--optimizer;rmsprop|--optimizer 'rmsprop' is not one of"
+             "--layout;dense|--layout 'dense' is not one of"
+             "--backend;device0|needs GPU towers"
+             "--lr;-1|--lr needs a positive number"
+             "--frobnicate;1|unknown flag --frobnicate"
+             "--resume|--resume needs --checkpoint"
+             "--epochs|--epochs needs a value")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts -1 expected)
+  list(REMOVE_AT parts -1)
+  run_train(out 2 ${parts})
+  string(STRIP "${out}" out)
+  if(NOT out MATCHES "^train: .*${expected}" OR out MATCHES "\n")
+    message(FATAL_ERROR "train ${parts}: expected one line with '${expected}', got:\n${out}")
+  endif()
+endforeach()
+run_train(out 1 --data ${WORK}/nowhere --epochs 1)
+if(NOT out MATCHES "^train: cannot open")
+  message(FATAL_ERROR "a missing data set must say so: ${out}")
+endif()
+
+# The timeline: a complete span per stage and tower, every step.
+run_train(out 0 ${small} --epochs 1 --towers 2 --timeline ${WORK}/trace.json)
+file(READ ${WORK}/trace.json trace)
+string(JSON events LENGTH "${trace}" traceEvents)
+# 600 / 40 = 15 steps x (split + 2 towers + reduce), plus 4 row names.
+if(NOT events EQUAL 64)
+  message(FATAL_ERROR "timeline has ${events} events, expected 64")
+endif()
+
+# Resume: 2 epochs straight equal 1 epoch, a checkpoint, then 1 more epoch resumed — bitwise.
+run_train(straight 0 ${small} --epochs 2 --checkpoint ${WORK}/straight)
+run_train(first 0 ${small} --epochs 1 --checkpoint ${WORK}/resumed)
+run_train(second 0 ${small} --epochs 2 --checkpoint ${WORK}/resumed --resume)
+final_field("${straight}" "parameters checksum ([0-9a-f]+)" a)
+final_field("${second}" "parameters checksum ([0-9a-f]+)" b)
+if(NOT a STREQUAL b OR NOT second MATCHES "resumed from")
+  message(FATAL_ERROR "resumed run ends at ${b}, the uninterrupted one at ${a}\n${second}")
+endif()
+file(WRITE ${WORK}/resumed/towerpipe.ckpt "damaged")
+run_train(out 1 ${small} --epochs 2 --checkpoint ${WORK}/resumed --resume)
+if(NOT out MATCHES "not a towerpipe checkpoint")
+  message(FATAL_ERROR "a damaged checkpoint must be rejected: ${out}")
+endif()
+message(STATUS "train program: all checks passed")
