@@ -7,6 +7,11 @@
 // floats, 256 bytes), so vector loads inside a chunk stay aligned.
 //
 // This header is plain C++ (usable without nvcc); TOWERPIPE_HOST_DEVICE marks what kernels call.
+//
+// Room left on purpose: the averaged gradient of a group passes through optimizer_apply::apply before
+// the update, which is where a non-finite flag and a squared-norm partial for clipping will be taken
+// (reduced per block with cub::BlockReduce in the kernel, per chunk on the host), and load_lanes is
+// where bf16 gradients will be widened into the fp32 master weights' type.
 
 #include <algorithm>
 #include <cstddef>
