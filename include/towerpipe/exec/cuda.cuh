@@ -35,6 +35,7 @@
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
+#include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/exec/thread_pool.hpp"
 #include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/exec/tower_failures.hpp"
@@ -202,6 +203,7 @@ class cuda_towers {
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t t) {
       tower& own = *towers_[t];
       detail::device_guard on(own.device);
+      const detail::nvtx_range range("towerpipe tower compute");
       own.staged[current.slot].make_wait(own.stream);
       TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(own.device_loss.get(), 0, sizeof(float), own.stream.get()));
       context ctx(own.device, own.stream.get(), own.device_loss.get(), t, towers(), current.device_shards[t],
@@ -272,6 +274,7 @@ class cuda_towers {
     // example count as leading dimension.
     towerpipe::batch stage(int slot, const towerpipe::batch& part) {
       detail::device_guard on(device);
+      const detail::nvtx_range range("towerpipe stage shard");
       // The last copy out of this slot's pinned memory must be done before the host overwrites it, and
       // the tower that last read this slot's device memory must be done before the copy lands.
       staged[slot].synchronize();

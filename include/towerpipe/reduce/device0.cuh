@@ -19,6 +19,7 @@
 #include "towerpipe/core/policy_kinds.hpp"
 #include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/cuda/multi_tensor_launch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
@@ -69,6 +70,7 @@ class device0_reducer {
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    const detail::nvtx_range range("towerpipe reduce::device0");
     detail::device_guard on(root_);
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       towers.gradients_ready(t).make_wait(stream_);

@@ -15,6 +15,7 @@
 #include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/host.hpp"
@@ -58,6 +59,7 @@ class cuda_host_reducer {
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    const detail::nvtx_range range("towerpipe reduce::host");
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       link& own = *links_[t];

@@ -18,6 +18,7 @@
 #include "towerpipe/core/policy_kinds.hpp"
 #include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/cuda/multi_tensor_launch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
@@ -80,6 +81,7 @@ class p2p_tree_reducer {
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    const detail::nvtx_range range("towerpipe reduce::p2p_tree");
     const int n = static_cast<int>(towers.towers());
     const auto rounds = canonical_tree_rounds<T>(n, weights);
     const optimizer_apply<Optim, T> apply{nodes_[0]->own_replica->view(), state_.table(), 1, state_.slots(), constants};

@@ -5,8 +5,9 @@
 // default) nothing is recorded and a step pays one pointer test per stage.
 //
 // Times are host clock times (steady_clock, microseconds since the timeline was made). For GPU towers
-// the tower spans cover the tower function's enqueueing on the host; device-side spans are a later
-// addition.
+// the tower spans cover the tower function's enqueueing on the host; device-side spans (CUDA event
+// times aligned to this clock) are a later addition. Until then the GPU stages also open NVTX ranges
+// (cuda/nvtx.cuh), which Nsight Systems shows beside the kernels.
 
 #include <chrono>
 #include <cstdint>
