@@ -216,3 +216,33 @@ TEMPLATE_TEST_CASE("emulated device backends equal the host pipeline bitwise for
     check_emulated_backend<optim::adamw, TestType>(kind, optim::adamw::hyper_parameters{}, 63);
   }
 }
+
+TEST_CASE("transfer groups partition the chunk table and their ranges cover every element once",
+          "[multi_tensor]") {
+  const variable_set variables{{"a", {5000}}, {"b", {1}}, {"c", {64, 64}}, {"d", {4097}}, {"e", {3}}};
+  const std::vector<tensor_chunk> chunks = make_chunk_table(variables, 1024);
+  for (std::size_t group_elements : {std::size_t(1), std::size_t(1000), std::size_t(2500), std::size_t(1) << 20}) {
+    INFO("group_elements " << group_elements);
+    const std::vector<chunk_group> groups = group_chunks(chunks, group_elements);
+    REQUIRE(groups.front().first == 0);
+    REQUIRE(groups.back().last == chunks.size());
+    std::vector<std::vector<int>> covered;
+    for (const variable& v : variables) covered.emplace_back(v.size, 0);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (g > 0) REQUIRE(groups[g].first == groups[g - 1].last);
+      REQUIRE(groups[g].last > groups[g].first);
+      std::size_t elements = 0;
+      for (std::size_t c = groups[g].first; c < groups[g].last; ++c) elements += chunks[c].count;
+      CHECK((elements <= group_elements || groups[g].last - groups[g].first == 1));
+      std::size_t previous_variable = 0;
+      for (const element_range& r : group_ranges(chunks, groups[g])) {
+        CHECK(r.variable >= previous_variable);
+        previous_variable = r.variable;
+        for (std::size_t i = r.begin; i < r.end; ++i) ++covered[r.variable][i];
+      }
+    }
+    for (const auto& counts : covered) {
+      for (int c : counts) REQUIRE(c == 1);
+    }
+  }
+}

@@ -37,15 +37,7 @@ class cuda_host_reducer {
   using hyper_parameters = typename Optim::hyper_parameters;
 
   cuda_host_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
-      : pass_(variables, h), master_(variables) {
-    const std::vector<tensor_chunk>& chunks = pass_.chunks();
-    for (std::size_t first = 0; first < chunks.size();) {
-      std::size_t last = first, elements = 0;
-      while (last < chunks.size() && (elements == 0 || elements + chunks[last].count <= Policy::group_elements))
-        elements += chunks[last++].count;
-      groups_.push_back({first, last});
-      first = last;
-    }
+      : pass_(variables, h), master_(variables), groups_(group_chunks(pass_.chunks(), Policy::group_elements)) {
     for (std::size_t t = 0; t < towers.towers(); ++t)
       links_.push_back(std::make_unique<link>(variables, towers.device(t), groups_.size()));
   }
@@ -94,10 +86,6 @@ class cuda_host_reducer {
   }
 
  private:
-  struct group {
-    std::size_t first, last;  // chunk range
-  };
-
   // One tower's link to the host: pinned gradients and a stream each way, on the tower's device.
   struct link {
     link(const variable_set& variables, int device, std::size_t groups)
@@ -114,29 +102,22 @@ class cuda_host_reducer {
   template <class Target, class Source>
   void copy_group(Target& target, const Source& source, std::size_t g, cudaMemcpyKind kind,
                   const detail::cuda_stream& stream) const {
-    const std::vector<tensor_chunk>& chunks = pass_.chunks();
-    const tensor_chunk& first = chunks[groups_[g].first];
-    const tensor_chunk& last = chunks[groups_[g].last - 1];
+    const std::vector<element_range> ranges = group_ranges(pass_.chunks(), groups_[g]);
     if constexpr (detail::has_arena<Target>::value) {
-      const T* begin = source.data(static_cast<std::size_t>(first.variable)) + first.first;
-      const T* end = source.data(static_cast<std::size_t>(last.variable)) + last.first + last.count;
-      T* to = target.data(static_cast<std::size_t>(first.variable)) + first.first;
+      const T* begin = source.data(ranges.front().variable) + ranges.front().begin;
+      const T* end = source.data(ranges.back().variable) + ranges.back().end;
+      T* to = target.data(ranges.front().variable) + ranges.front().begin;
       TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(to, begin, static_cast<std::size_t>(end - begin) * sizeof(T), kind, stream.get()));
     } else {
-      for (int v = first.variable; v <= last.variable; ++v) {
-        const std::size_t size = source.view(static_cast<std::size_t>(v)).size();
-        const std::size_t begin = v == first.variable ? first.first : 0;
-        const std::size_t end = v == last.variable ? last.first + last.count : size;
-        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(target.data(static_cast<std::size_t>(v)) + begin,
-                                             source.data(static_cast<std::size_t>(v)) + begin, (end - begin) * sizeof(T),
-                                             kind, stream.get()));
-      }
+      for (const element_range& r : ranges)
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(target.data(r.variable) + r.begin, source.data(r.variable) + r.begin,
+                                             (r.end - r.begin) * sizeof(T), kind, stream.get()));
     }
   }
 
   detail::host_optimizer_pass<Optim, Layout> pass_;
   pinned_buffer master_;
-  std::vector<group> groups_;
+  std::vector<chunk_group> groups_;
   std::vector<std::unique_ptr<link>> links_;
 };
 

@@ -43,6 +43,41 @@ inline std::vector<tensor_chunk> make_chunk_table(const variable_set& variables,
   return chunks;
 }
 
+// Consecutive runs of chunks [first, last) of about group_elements elements each (a chunk larger than
+// that is a group of its own): units of transfer that can overlap with work on the previous unit.
+struct chunk_group {
+  std::size_t first, last;
+};
+
+inline std::vector<chunk_group> group_chunks(const std::vector<tensor_chunk>& chunks, std::size_t group_elements) {
+  std::vector<chunk_group> groups;
+  for (std::size_t first = 0; first < chunks.size();) {
+    std::size_t last = first, elements = 0;
+    while (last < chunks.size() && (elements == 0 || elements + chunks[last].count <= group_elements))
+      elements += chunks[last++].count;
+    groups.push_back({first, last});
+    first = last;
+  }
+  return groups;
+}
+
+// The elements [begin, end) of each variable a group touches, in variable order. Chunk tables list
+// each variable's chunks consecutively and in order, so these ranges are contiguous.
+struct element_range {
+  std::size_t variable, begin, end;
+};
+
+inline std::vector<element_range> group_ranges(const std::vector<tensor_chunk>& chunks, const chunk_group& group) {
+  std::vector<element_range> ranges;
+  for (std::size_t c = group.first; c < group.last; ++c) {
+    const tensor_chunk& chunk = chunks[c];
+    const std::size_t v = static_cast<std::size_t>(chunk.variable);
+    if (!ranges.empty() && ranges.back().variable == v) ranges.back().end = chunk.first + chunk.count;
+    else ranges.push_back({v, chunk.first, std::size_t(chunk.first) + chunk.count});
+  }
+  return ranges;
+}
+
 // Pointers of several roles (towers' gradients, towers' replicas, optimizer slots), one per
 // (role, variable), in one array laid out [role][variable].
 template <class T>
