@@ -24,6 +24,7 @@ class mlp {
     if (layers_.size() < 2) throw std::invalid_argument("an mlp needs at least an input and an output layer");
   }
 
+  const std::vector<std::size_t>& layers() const { return layers_; }
   std::size_t inputs() const { return layers_.front(); }
   std::size_t classes() const { return layers_.back(); }
   std::string describe() const {

@@ -1,7 +1,9 @@
 // The main job: an MLP classifier (784-256-128-10, ReLU, softmax cross-entropy) trained on
-// Fashion-MNIST by N host towers through a towerpipe pipeline, with the classic multi-tower step log,
-// per-epoch test accuracy and throughput, a Chrome-trace timeline and checkpoint/resume.
-// `train --help` lists the flags. Bad flags and files end with a one-line error and exit status 2.
+// Fashion-MNIST by N towers through a towerpipe pipeline — GPU towers (cuBLAS) where the program was
+// built with CUDA and a GPU is visible, host towers (OpenBLAS) otherwise — with the classic
+// multi-tower step log, per-epoch test accuracy and throughput, a Chrome-trace timeline and
+// checkpoint/resume. `train --help` lists the flags. Bad flags end with a one-line error and exit
+// status 2, bad files with one and exit status 1.
 
 #include <algorithm>
 #include <chrono>
@@ -14,12 +16,18 @@
 #include <stdexcept>
 #include <string>
 #include <sys/stat.h>
+#include <type_traits>
 #include <vector>
 
 #include <towerpipe/towerpipe.hpp>
 
 #include "datasets.hpp"
 #include "mlp.hpp"
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+#include <memory>
+
+#include "mlp_cuda.cuh"
+#endif
 
 namespace {
 
@@ -30,9 +38,11 @@ using towerpipe_examples::mlp;
 
 const char* usage = R"(train — an MLP (784-256-128-10) on Fashion-MNIST across N towers
 
-  --towers N            towers (CPU threads of exec::host)                      [2]
-  --devices LIST        GPU ids for GPU towers (comma-separated)                [unused: host towers]
-  --backend NAME        host | device0 | p2p_tree (device backends need GPU towers) [host]
+  --towers N            towers                                                  [2]
+  --devices LIST        GPU ids, tower i on LIST[i % size]          [all visible, round-robin]
+  --cpu-towers          host towers even where a GPU is visible
+  --backend NAME        host | device0 | p2p_tree (device backends need GPU towers)
+                                                   [device0 with GPU towers, else host]
   --optimizer NAME      sgd | momentum (sgd, momentum 0.9) | adam | adamw       [adam]
   --layout NAME         flat | per_variable                                      [flat]
   --epochs N            passes over the training set                            [15]
@@ -49,8 +59,9 @@ const char* usage = R"(train — an MLP (784-256-128-10) on Fashion-MNIST across
 
 struct options {
   std::size_t towers = 2;
-  std::string devices;
-  std::string backend = "host", optimizer = "adam", layout = "flat";
+  std::vector<int> devices;
+  bool cpu_towers = false, gpu_towers = false;
+  std::string backend, optimizer = "adam", layout = "flat";
   std::size_t epochs = 15, batch_size = 128, log_every = 100, generated = 0;
   double lr = -1;
   std::uint64_t seed = 1;
@@ -83,14 +94,24 @@ options parse(int argc, char** argv) {
       std::puts(usage);
       std::exit(0);
     }
-    if (flag == "--resume") {
-      o.resume = true;
+    if (flag == "--resume" || flag == "--cpu-towers") {
+      (flag == "--resume" ? o.resume : o.cpu_towers) = true;
       continue;
     }
     if (i + 1 >= argc) throw usage_error(flag + " needs a value (see --help)");
     const std::string value = argv[++i];
     if (flag == "--towers") o.towers = positive(flag, value);
-    else if (flag == "--devices") o.devices = value;
+    else if (flag == "--devices") {
+      std::size_t start = 0;
+      for (std::size_t comma; start <= value.size(); start = comma + 1) {
+        comma = value.find(',', start);
+        if (comma == std::string::npos) comma = value.size();
+        const std::string id = value.substr(start, comma - start);
+        if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos)
+          throw usage_error("--devices needs comma-separated GPU ids, not '" + value + "'");
+        o.devices.push_back(std::stoi(id));
+      }
+    }
     else if (flag == "--backend") o.backend = value;
     else if (flag == "--optimizer") o.optimizer = value;
     else if (flag == "--layout") o.layout = value;
@@ -122,12 +143,22 @@ options parse(int argc, char** argv) {
     for (const char* a : allowed) list += std::string(list.empty() ? "" : " | ") + a;
     throw usage_error(flag + " '" + value + "' is not one of " + list);
   };
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+  o.gpu_towers = !o.cpu_towers && towerpipe::detail::cuda_device_count() > 0;
+#endif
+  if (o.backend.empty()) o.backend = o.gpu_towers ? "device0" : "host";
   one_of("--backend", o.backend, {"host", "device0", "p2p_tree"});
   one_of("--optimizer", o.optimizer, {"sgd", "momentum", "adam", "adamw"});
   one_of("--layout", o.layout, {"flat", "per_variable"});
-  if (o.backend != "host")
-    throw usage_error("--backend " + o.backend + " needs GPU towers; this training program runs host towers only");
-  if (!o.devices.empty()) throw usage_error("--devices needs GPU towers; this training program runs host towers only");
+  const char* why_no_gpu = o.cpu_towers ? "--cpu-towers was given"
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+                                        : "no GPU is visible";
+#else
+                                        : "this build of the program has no CUDA";
+#endif
+  if (o.backend != "host" && !o.gpu_towers)
+    throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
+  if (!o.devices.empty() && !o.gpu_towers) throw usage_error(std::string("--devices needs GPU towers, and ") + why_no_gpu);
   if (o.resume && o.checkpoint_dir.empty()) throw usage_error("--resume needs --checkpoint DIR");
   if (o.lr < 0) o.lr = o.optimizer == "sgd" ? 0.1 : o.optimizer == "momentum" ? 0.05 : 1e-3;
   return o;
@@ -163,12 +194,44 @@ struct batch_buffers {
   std::vector<std::int32_t> labels[2];
 };
 
-template <class Optim, class Layout>
+// How one tower computes its gradients: host towers through mlp.hpp (OpenBLAS), GPU towers through
+// mlp_cuda.cuh (cuBLAS, one workspace per tower, made by the tower's thread on first use).
+template <class Exec>
+struct tower_program {
+  const mlp& model;
+  tower_program(const mlp& m, const options&) : model(m) {}
+  template <class Context>
+  double operator()(Context& tower) const {
+    return model.loss_and_gradient(
+        tower.template input<float>("image"), tower.template input<std::int32_t>("label"),
+        [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); });
+  }
+};
+
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+template <>
+struct tower_program<exec::cuda> {
+  std::vector<std::size_t> layers;
+  std::size_t max_examples;
+  std::vector<std::unique_ptr<towerpipe_examples::gpu_mlp_workspace>> workspaces;
+  tower_program(const mlp& m, const options& o)
+      : layers(m.layers()), max_examples((o.batch_size + o.towers - 1) / o.towers), workspaces(o.towers) {}
+  template <class Context>
+  void operator()(Context& tower) {
+    auto& workspace = workspaces[tower.tower()];
+    if (!workspace) workspace = std::make_unique<towerpipe_examples::gpu_mlp_workspace>(layers, max_examples, tower.device());
+    workspace->train_step(tower);
+  }
+};
+#endif
+
+template <class Exec, class Reduce, class Optim, class Layout>
 int train(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  using trainer = pipeline<exec::host, reduce::host, Optim, Layout>;
+  using trainer = pipeline<Exec, Reduce, Optim, Layout>;
   const mlp model({data.train.features, 256, 128, 10});
   timeline trace;
   pipeline_options pipeline_opts;
+  pipeline_opts.devices = o.devices;
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
   trainer p(model.variables(), model.input_specs(), o.towers, h, pipeline_opts);
   std::uint64_t init_seed = o.seed;
@@ -188,8 +251,9 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
   }
   std::printf("data: %s: %zu training, %zu test examples\n", data.description.c_str(), data.train.examples(),
               data.test.examples());
-  std::printf("model: %s, %zu parameters; %zu host towers, reduce::host, %s, layout::%s, batch %zu, lr %g\n",
-              model.describe().c_str(), p.variables().total_size(), p.towers(), o.optimizer.c_str(), Layout::name,
+  std::printf("model: %s, %zu parameters; %zu %s towers, reduce::%s, %s, layout::%s, batch %zu, lr %g\n",
+              model.describe().c_str(), p.variables().total_size(), p.towers(),
+              std::is_same_v<Exec, exec::host> ? "host" : "GPU", Reduce::name, o.optimizer.c_str(), Layout::name,
               o.batch_size, o.lr);
 
   const std::size_t features = data.train.features;
@@ -207,11 +271,8 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
     next.add("label", buffers.labels[slot].data(), o.batch_size, {});
     p.stage(next);
   };
-  const auto tower_step = [&](typename trainer::tower_context& tower) {
-    return model.loss_and_gradient(
-        tower.template input<float>("image"), tower.template input<std::int32_t>("label"),
-        [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); });
-  };
+  tower_program<Exec> program(model, o);
+  const auto tower_step = [&](typename trainer::tower_context& tower) { return program(tower); };
 
   double accuracy = first_epoch > 0 ? test_accuracy(p, model, data.test) : 0.0;
   double total_seconds = 0, slowest_step = 0, fastest_step = 1e30;
@@ -259,10 +320,22 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
   return 0;
 }
 
+template <class Optim, class Layout>
+int with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+  if (o.gpu_towers) {
+    if (o.backend == "device0") return train<exec::cuda, reduce::device0, Optim, Layout>(o, data, h);
+    if (o.backend == "p2p_tree") return train<exec::cuda, reduce::p2p_tree, Optim, Layout>(o, data, h);
+    return train<exec::cuda, reduce::host, Optim, Layout>(o, data, h);
+  }
+#endif
+  return train<exec::host, reduce::host, Optim, Layout>(o, data, h);
+}
+
 template <class Optim>
 int with_layout(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  if (o.layout == "flat") return train<Optim, layout::flat<float>>(o, data, h);
-  return train<Optim, layout::per_variable<float>>(o, data, h);
+  if (o.layout == "flat") return with_backend<Optim, layout::flat<float>>(o, data, h);
+  return with_backend<Optim, layout::per_variable<float>>(o, data, h);
 }
 
 int dispatch(const options& o, const image_dataset& data) {

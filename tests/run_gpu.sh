@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a CUDA device (DESIGN.md §5): builds for sm_90 (ARCH to change),
 # runs the whole test suite (host and GPU), runs the GPU tests under compute-sanitizer memcheck and
-# racecheck, runs the benchmarks (and the PyTorch anchors where .device/anchors holds them), and writes
+# racecheck, runs the benchmarks (and the PyTorch anchors where .device/anchors holds them) and the
+# training program on GPU towers (Fashion-MNIST where .device/fashion-mnist holds its .gz files), and writes
 # under $OUT (default build/gpu-results): summary.txt, the benchmarks' JSON and logs.tar.gz.
 # Catch2 comes from the system, or from a Debian catch2_*.deb placed in .device/ (unpacked to /tmp/c2).
 # BENCH=quick runs the quick benchmark subset; BENCH=none skips them.
@@ -50,6 +51,18 @@ if [ "$bench" != none ]; then
   if [ -f .device/anchors/torch_anchor_bench.py ]; then
     step anchors env OUT="$out" python3 .device/anchors/torch_anchor_bench.py
   fi
+  # The main job on GPU towers: examples/sec and step-time spread per backend and tower count.
+  data=(--generated 60000)
+  [ -f .device/fashion-mnist/train-images-idx3-ubyte.gz ] && data=(--data .device/fashion-mnist)
+  epochs=15; [ "$bench" = quick ] && epochs=2
+  for backend in device0 p2p_tree host; do
+    for towers in 1 2 4; do
+      name="train_${backend}_${towers}"
+      step "$name" build/gpu/examples/train "${data[@]}" --epochs "$epochs" --backend "$backend" --towers "$towers" \
+        --log-every 1000000
+    done
+  done
+  step train_cpu build/gpu/examples/train "${data[@]}" --epochs "$epochs" --cpu-towers --towers 2 --log-every 1000000
   echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)" >>"$out/summary.txt"
 fi
 (cd "$out" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
