@@ -63,7 +63,6 @@ if [ "$bench" != none ]; then
         --log-every 1000000
     done
   done
-  [ -x build/gpu/examples/train ] && step train_cpu build/gpu/examples/train "${data[@]}" --epochs "$epochs" --cpu-towers --towers 2 --log-every 1000000
   echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)" >>"$out/summary.txt"
 fi
 (cd "$out" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
