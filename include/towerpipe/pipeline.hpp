@@ -190,6 +190,7 @@ class pipeline {
     reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
     if (stats.stages.reduce == 0) stats.stages.reduce = seconds_since(reduce_start);
     trace("reduce", "average + apply + broadcast", reduce_start, steps_done_ + 1);
+    towers_->record_device_spans(steps_done_ + 1);
 
     ++steps_done_;
     stats.step = steps_done_;

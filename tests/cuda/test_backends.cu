@@ -260,3 +260,41 @@ TEST_CASE("bad towers and devices are clear errors; parameters stay and the pipe
   // Zero gradients: Adam leaves the parameters where they were.
   for (float v : p.parameter(0)) CHECK(v == 0.25f);
 }
+
+TEST_CASE("the timeline holds what the devices ran, on the host clock", "[gpu][staging]") {
+  timeline trace;
+  pipeline_options options;
+  options.trace = &trace;
+  small_trainer p(small_variables, test_inputs, 2, optim::adam::hyper_parameters{}, options);
+  const std::vector<float> x(4, 1.0f);
+  batch b;
+  b.add("x", x.data(), 4, {1});
+  for (int s = 0; s < 3; ++s) {
+    p.step(b, [](small_trainer::tower_context& tower) {
+      TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+      return 0.0;
+    });
+  }
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    INFO("step " << step);
+    double split_start = -1, device_reduce_start = -1, device_reduce_end = -1;
+    int gpu_tower_spans = 0;
+    for (const timeline::span& s : trace.spans()) {
+      if (s.step != step) continue;
+      if (s.row == "split") split_start = s.start_us;
+      if (s.row == "reduce (GPU)") {
+        device_reduce_start = s.start_us;
+        device_reduce_end = s.start_us + s.duration_us;
+      }
+      if (s.row.find("(GPU)") != std::string::npos && s.row.rfind("tower", 0) == 0) {
+        ++gpu_tower_spans;
+        CHECK(s.duration_us >= 0);
+      }
+    }
+    CHECK(gpu_tower_spans == 2);
+    REQUIRE(split_start >= 0);
+    // The device's times, converted, fall after the step began (1 ms slack for the clock alignment).
+    CHECK(device_reduce_start >= split_start - 1000);
+    CHECK(device_reduce_end >= device_reduce_start);
+  }
+}

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -144,7 +145,34 @@ class cuda_towers {
         host_mirror_(variables),
         written_(towers, std::vector<char>(variables.count(), 0)),
         losses_(cuda_pinned_memory{}.allocate<float>(towers)) {
-    for (std::size_t t = 0; t < towers; ++t) towers_.push_back(std::make_unique<tower>(variables, devices_[t]));
+    for (std::size_t t = 0; t < towers; ++t) {
+      towers_.push_back(std::make_unique<tower>(variables, devices_[t]));
+      if (trace_ == nullptr) continue;
+      tower& own = *towers_.back();
+      own.clock_origin.record(own.stream);
+      own.clock_origin.synchronize();
+      own.clock_origin_host = timeline::clock::now();
+    }
+  }
+
+  timeline* trace() const { return trace_; }
+  std::int64_t current_step() const { return current_step_; }  // the step run() last started
+
+  // The host time at which `event`, recorded on tower t's device and complete, happened.
+  timeline::clock::time_point host_time(std::size_t t, const detail::cuda_event& event) const {
+    const tower& own = *towers_[t];
+    const double seconds = detail::seconds_between(own.clock_origin, event);
+    return own.clock_origin_host +
+           std::chrono::duration_cast<timeline::clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
+  // After a step has completed: each tower's compute as the device ran it, on rows "tower i (GPU)".
+  void record_device_spans(std::int64_t step) const {
+    if (trace_ == nullptr) return;
+    for (std::size_t t = 0; t < towers_.size(); ++t) {
+      trace_->record(detail::make_message("tower ", t, " (GPU)"), "compute", host_time(t, towers_[t]->compute_start),
+                     host_time(t, towers_[t]->compute_end), step);
+    }
   }
 
   std::size_t towers() const { return towers_.size(); }
@@ -196,6 +224,7 @@ class cuda_towers {
   // unwritten, naming the tower; no reduction then follows, so the parameters stay as they were.
   template <class TowerFn>
   std::vector<double> run(TowerFn& fn, std::int64_t step) {
+    current_step_ = step;
     const staged_batch current = std::move(staged_.front());
     staged_.pop_front();
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
@@ -205,11 +234,13 @@ class cuda_towers {
       detail::device_guard on(own.device);
       const detail::nvtx_range range("towerpipe tower compute");
       own.staged[current.slot].make_wait(own.stream);
+      if (trace_ != nullptr) own.compute_start.record(own.stream);
       TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(own.device_loss.get(), 0, sizeof(float), own.stream.get()));
       context ctx(own.device, own.stream.get(), own.device_loss.get(), t, towers(), current.device_shards[t],
                   current.shards[t].weight, &own.replica, &own.gradients, &written_[t]);
       // Recorded whatever the tower function does, so that later steps order after its work.
       const auto record_done = [&] {
+        if (trace_ != nullptr) own.compute_end.record(own.stream);
         own.gradients_ready.record(own.stream);
         own.slot_free[current.slot].record(own.stream);
       };
@@ -265,6 +296,9 @@ class cuda_towers {
           replica(variables, cuda_device_memory{device_id}),
           gradients(variables, cuda_device_memory{device_id}),
           gradients_ready(device_id),
+          compute_start(device_id, true),
+          compute_end(device_id, true),
+          clock_origin(device_id, true),
           staged{detail::cuda_event(device_id), detail::cuda_event(device_id)},
           slot_free{detail::cuda_event(device_id), detail::cuda_event(device_id)},
           device_loss(cuda_device_memory{device_id}.allocate<float>(1, 256)) {}
@@ -308,6 +342,10 @@ class cuda_towers {
     detail::cuda_stream stream, copy_stream;
     device_buffer replica, gradients;
     detail::cuda_event gradients_ready;
+    detail::cuda_event compute_start, compute_end;  // timing, recorded only with a timeline
+    // An event that completed at host time clock_origin_host: device event times convert to host time.
+    detail::cuda_event clock_origin;
+    timeline::clock::time_point clock_origin_host;
     std::array<detail::cuda_event, staging_slots> staged, slot_free;
     std::array<std::vector<staging_buffer>, staging_slots> staging;
     cuda_device_memory::owner<float> device_loss;
@@ -364,6 +402,7 @@ class cuda_towers {
   cuda_pinned_memory::owner<float> losses_;
   std::deque<staged_batch> staged_;
   int next_slot_ = 0;
+  std::int64_t current_step_ = 0;
 };
 
 namespace exec {

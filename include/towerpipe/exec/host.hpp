@@ -96,6 +96,7 @@ class host_towers {
     staged_.push_back({std::move(parts), shards});
   }
   std::size_t staged() const { return staged_.size(); }
+  void record_device_spans(std::int64_t) const {}  // host towers have no device
   const std::vector<shard>& next_shards() const { return staged_.front().shard_weights; }
 
   // Runs fn(context&) for every tower on the oldest staged batch (which it consumes, whatever the

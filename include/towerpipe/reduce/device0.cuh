@@ -90,6 +90,9 @@ class device0_reducer {
     for (std::size_t t = 0; t < towers.towers(); ++t) end_.make_wait(towers.stream(t));
     end_.synchronize();
     stages.reduce = detail::seconds_between(start_, end_);
+    if (towers.trace() != nullptr)
+      towers.trace()->record("reduce (GPU)", "device0 fused average + apply + broadcast", towers.host_time(0, start_),
+                             towers.host_time(0, end_), towers.current_step());
   }
 
  private:

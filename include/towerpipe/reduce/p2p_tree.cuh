@@ -139,6 +139,9 @@ class p2p_tree_reducer {
     const auto broadcast_start = std::chrono::steady_clock::now();  // the pulls wait for the root
     for (const auto& own : nodes_) own->parameters_done.synchronize();
     stages.reduce = detail::seconds_between(root_start_, root_end_);
+    if (towers.trace() != nullptr)
+      towers.trace()->record("reduce (GPU)", "p2p_tree root: last edge + apply", towers.host_time(0, root_start_),
+                             towers.host_time(0, root_end_), towers.current_step());
     stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - broadcast_start).count();
   }
 

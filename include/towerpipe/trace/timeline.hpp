@@ -1,12 +1,12 @@
 #pragma once
 // A timeline of pipeline steps in Chrome's trace format (chrome://tracing, Perfetto): one row per tower
-// ("tower 0 compute", ...) and one per pipeline stage ("split", "reduce", "broadcast"), each span
-// tagged with its step. Give a pipeline a timeline through pipeline_options::trace; with none (the
+// ("tower 0", ...) and one per pipeline stage ("split", "reduce"), each span tagged with its step. Give a pipeline a timeline through pipeline_options::trace; with none (the
 // default) nothing is recorded and a step pays one pointer test per stage.
 //
 // Times are host clock times (steady_clock, microseconds since the timeline was made). For GPU towers
-// the tower spans cover the tower function's enqueueing on the host; device-side spans (CUDA event
-// times aligned to this clock) are a later addition. Until then the GPU stages also open NVTX ranges
+// the "tower i" rows show the tower function enqueueing its work on the host, and rows "tower i (GPU)"
+// and "reduce (GPU)" what the devices ran: CUDA event times converted to the host clock through an
+// event that each tower's device completed at a known host time. The GPU stages also open NVTX ranges
 // (cuda/nvtx.cuh), which Nsight Systems shows beside the kernels.
 
 #include <chrono>
