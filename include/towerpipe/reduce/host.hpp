@@ -100,13 +100,16 @@ class host_optimizer_pass {
 
   // The optimizer over one block with the number of state slots fixed at compile time, so that the
   // compiler can vectorise the loop.
+  // The constants are copied into a local: through the reference the compiler would have to assume
+  // that the stores to p and the state alias them, reload them every element and give up vectorising.
   template <int Slots>
   static void update_block(value_type* p, value_type* const* slots, const value_type* g, std::size_t count,
                            const constants_type& constants) {
+    const constants_type c = constants;
     for (std::size_t k = 0; k < count; ++k) {
       value_type state[Optim::max_state_slots] = {};
       for (int s = 0; s < Slots; ++s) state[s] = slots[s][k];
-      Optim::update(constants, g[k], p[k], state);
+      Optim::update(c, g[k], p[k], state);
       for (int s = 0; s < Slots; ++s) slots[s][k] = state[s];
     }
   }
