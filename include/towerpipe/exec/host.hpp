@@ -138,7 +138,6 @@ namespace exec {
 // Towers as CPU threads (see the top of this header). The thread pool also runs the host reduction.
 struct host {
   using policy_kind = detail::exec_policy_kind;
-  using memory_space = host_memory;
   static constexpr const char* name = "host";
   template <class Layout>
   using towers = host_towers<Layout>;
