@@ -45,9 +45,12 @@ class pipeline {
   static_assert(detail::is_policy_of_kind<Reduce, detail::reduce_policy_kind>::value,
                 "towerpipe::pipeline: the second parameter must be a reduction backend: reduce::host "
                 "(or reduce::device0, reduce::p2p_tree from <towerpipe/cuda.cuh>)");
+  static_assert(detail::is_optimizer<Optim>::value,
+                "towerpipe::pipeline: the third parameter must be an optimizer: optim::sgd, optim::adam or optim::adamw");
+  static_assert(detail::is_layout<Layout>::value,
+                "towerpipe::pipeline: the fourth parameter must be a layout: layout::per_variable<T> or layout::flat<T>");
   static_assert(std::is_floating_point<typename Layout::value_type>::value,
-                "towerpipe::pipeline: the fourth parameter must be a layout of float or double: "
-                "layout::per_variable<T> or layout::flat<T>");
+                "towerpipe::pipeline: the layout's values must be float or double");
 
  public:
   using exec_policy = Exec;
