@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -164,16 +163,13 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// FNV-1a over every parameter's bits: two runs print the same value exactly when they end bitwise equal.
+// A fingerprint of every parameter's bits: two runs print the same value exactly when they end bitwise equal.
 template <class Pipeline>
 std::uint64_t parameter_checksum(const Pipeline& p) {
-  std::uint64_t hash = 1469598103934665603ULL;
+  std::uint64_t hash = fnv1a_basis;
   for (std::size_t v = 0; v < p.variables().count(); ++v) {
-    for (float value : p.parameter(v)) {
-      unsigned char bytes[sizeof value];
-      std::memcpy(bytes, &value, sizeof value);
-      for (unsigned char byte : bytes) hash = (hash ^ byte) * 1099511628211ULL;
-    }
+    const auto values = p.parameter(v);
+    hash = fnv1a(values.data(), values.size() * sizeof(float), hash);
   }
   return hash;
 }

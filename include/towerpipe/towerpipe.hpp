@@ -2,6 +2,7 @@
 // towerpipe — synchronous data-parallel training across towers. This umbrella header is the host-only
 // library: it compiles with any C++17 compiler and pulls in no CUDA header.
 
+#include "towerpipe/core/checksum.hpp"
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/shape.hpp"

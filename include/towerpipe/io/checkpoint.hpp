@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "towerpipe/core/checksum.hpp"
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/shape.hpp"
 #include "towerpipe/core/variable_set.hpp"
@@ -34,15 +35,6 @@ namespace detail {
 
 constexpr char checkpoint_magic[8] = {'T', 'W', 'R', 'P', 'C', 'K', 'P', 'T'};
 constexpr std::uint32_t checkpoint_version = 1;
-
-inline std::uint64_t fnv1a(const char* data, std::size_t size) {
-  std::uint64_t hash = 1469598103934665603ULL;
-  for (std::size_t i = 0; i < size; ++i) {
-    hash ^= static_cast<unsigned char>(data[i]);
-    hash *= 1099511628211ULL;
-  }
-  return hash;
-}
 
 template <class T>
 void append_raw(std::string& out, const T& value) {
@@ -121,7 +113,7 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& path) {
   for (std::size_t slot = 0; slot < pipeline.optimizer_state_slots(); ++slot) {
     for (std::size_t v = 0; v < variables.count(); ++v) append_view(pipeline.optimizer_state(slot, v));
   }
-  detail::append_raw(bytes, detail::fnv1a(bytes.data(), bytes.size()));
+  detail::append_raw(bytes, fnv1a(bytes.data(), bytes.size()));
   detail::write_file_atomically(path, bytes);
 }
 
@@ -201,7 +193,7 @@ void load_checkpoint(Pipeline& pipeline, const std::string& path) {
   if (bytes.size() != expected)
     reject(bytes.size() < expected ? "truncated: " : "too long: ", bytes.size(), " bytes, expected ", expected);
   if (detail::read_raw<std::uint64_t>(bytes, expected - sizeof(std::uint64_t)) !=
-      detail::fnv1a(bytes.data(), expected - sizeof(std::uint64_t)))
+      fnv1a(bytes.data(), expected - sizeof(std::uint64_t)))
     reject("corrupted: checksum mismatch");
 
   // Everything checked: now change the pipeline.

@@ -1,0 +1,22 @@
+#pragma once
+// FNV-1a, 64-bit: the checksum of checkpoint files, and a cheap fingerprint of parameters' bits (two
+// runs end bitwise equal exactly when their fingerprints agree, but for collisions). Chainable: pass
+// the previous result as `hash` to continue over another range.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace towerpipe {
+
+constexpr std::uint64_t fnv1a_basis = 1469598103934665603ULL;
+
+inline std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t hash = fnv1a_basis) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+}  // namespace towerpipe
