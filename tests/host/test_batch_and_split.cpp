@@ -112,3 +112,24 @@ TEST_CASE("a batch smaller than the tower count, or zero towers, is an error", "
   CHECK_THROWS_WITH(plan_split(3, 0, split_policy::weighted), Catch::Contains("zero towers"));
   CHECK(plan_split(4, 4, split_policy::drop_remainder).size() == 4);
 }
+
+TEST_CASE("a shard packs without gaps and is read the same from the packed copy", "[batch]") {
+  // What GPU towers do with every shard: pack into staging memory, copy, view the copy.
+  const std::vector<float> rows = row_major_data(), columns = column_major_data();
+  batch b;
+  b.add("rows", rows.data(), 5, {3}).add("columns", columns.data(), 5, {3}, storage_order::column_major);
+  const batch shard = b.slice(1, 3);
+  for (const batch_input& input : shard.inputs()) {
+    INFO(input.name());
+    REQUIRE(input.bytes() == 3 * 3 * sizeof(float));
+    std::vector<float> packed(9, -1.0f);
+    input.pack_into(packed.data());
+    const batch_view<float> view = input.packed_at(packed.data()).as<float>();
+    for (std::size_t e = 0; e < 3; ++e) {
+      for (std::size_t f = 0; f < 3; ++f) CHECK(view(e, f) == static_cast<float>(10 * (e + 1) + f));
+    }
+    // Column-major shards become feature after feature with the shard's own example count as stride.
+    if (input.order() == storage_order::column_major) CHECK(packed[3] == 11.0f);
+    else CHECK(packed[3] == 20.0f);
+  }
+}

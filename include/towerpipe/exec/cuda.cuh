@@ -318,9 +318,7 @@ class cuda_towers {
       towerpipe::batch on_device;
       for (std::size_t i = 0; i < part.inputs().size(); ++i) {
         const batch_input& input = part.inputs()[i];
-        const std::size_t element = element_size(input.type());
-        const std::size_t features = element_count(input.example_shape());
-        const std::size_t bytes = input.examples() * features * element;
+        const std::size_t bytes = input.bytes();
         staging_buffer& buffer = buffers[i];
         if (bytes > buffer.capacity) {
           TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(copy_stream.get()));
@@ -329,10 +327,10 @@ class cuda_towers {
           buffer.device = cuda_device_memory{device}.allocate<char>(bytes, 256);
           buffer.capacity = bytes;
         }
-        pack(input, buffer.host.get(), element, features);
+        input.pack_into(buffer.host.get());
         TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(buffer.device.get(), buffer.host.get(), bytes, cudaMemcpyHostToDevice,
                                              copy_stream.get()));
-        add_device_input(on_device, input, buffer.device.get());
+        on_device.add(input.packed_at(buffer.device.get()));
       }
       staged[slot].record(copy_stream);
       return on_device;
@@ -350,41 +348,6 @@ class cuda_towers {
     std::array<std::vector<staging_buffer>, staging_slots> staging;
     cuda_device_memory::owner<float> device_loss;
   };
-
-  static std::size_t element_size(dtype type) {
-    switch (type) {
-      case dtype::float32: case dtype::int32: return 4;
-      case dtype::float64: case dtype::int64: return 8;
-      case dtype::uint8: return 1;
-    }
-    return 0;
-  }
-
-  // Copies a shard's elements, strided or not, into `target` in the shard's own storage order.
-  static void pack(const batch_input& input, char* target, std::size_t element, std::size_t features) {
-    const char* source = static_cast<const char*>(input.raw_data());
-    if (input.order() == storage_order::row_major) {
-      std::memcpy(target, source, input.examples() * features * element);
-      return;
-    }
-    for (std::size_t f = 0; f < features; ++f)
-      std::memcpy(target + f * input.examples() * element, source + f * input.feature_stride() * element,
-                  input.examples() * element);
-  }
-
-  static void add_device_input(towerpipe::batch& on_device, const batch_input& input, const void* data) {
-    switch (input.type()) {
-      case dtype::float32: return add_typed(on_device, input, static_cast<const float*>(data));
-      case dtype::float64: return add_typed(on_device, input, static_cast<const double*>(data));
-      case dtype::int32: return add_typed(on_device, input, static_cast<const std::int32_t*>(data));
-      case dtype::int64: return add_typed(on_device, input, static_cast<const std::int64_t*>(data));
-      case dtype::uint8: return add_typed(on_device, input, static_cast<const std::uint8_t*>(data));
-    }
-  }
-  template <class T>
-  static void add_typed(towerpipe::batch& on_device, const batch_input& input, const T* data) {
-    on_device.add(input.name(), data, input.examples(), input.example_shape(), input.order());
-  }
 
   struct staged_batch {
     int slot;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -104,8 +105,6 @@ class batch_input {
   std::size_t examples() const { return examples_; }
   const towerpipe::shape& example_shape() const { return example_shape_; }
   storage_order order() const { return order_; }
-  const void* raw_data() const { return data_; }
-  std::size_t feature_stride() const { return feature_stride_; }  // in elements
 
   // The examples [first, first + count) of this input.
   batch_input slice(std::size_t first, std::size_t count) const {
@@ -113,6 +112,33 @@ class batch_input {
     part.data_ = static_cast<const char*>(data_) + first * example_stride_ * element_size_;
     part.examples_ = count;
     return part;
+  }
+
+  std::size_t element_size() const { return element_size_; }
+  // Bytes of this input's elements, packed without gaps.
+  std::size_t bytes() const { return examples_ * element_count(example_shape_) * element_size_; }
+
+  // Copies the elements, strided or not, into `target` (bytes() long) in this input's own storage
+  // order without gaps: row-major stays example after example; column-major becomes feature after
+  // feature with this input's example count as leading dimension. This is how a shard is staged.
+  void pack_into(void* target) const {
+    char* out = static_cast<char*>(target);
+    const char* in = static_cast<const char*>(data_);
+    if (order_ == storage_order::row_major) {
+      std::memcpy(out, in, bytes());
+      return;
+    }
+    const std::size_t column = examples_ * element_size_;
+    for (std::size_t f = 0; f < element_count(example_shape_); ++f)
+      std::memcpy(out + f * column, in + f * feature_stride_ * element_size_, column);
+  }
+
+  // The same input viewing a copy made by pack_into at `packed`.
+  batch_input packed_at(const void* packed) const {
+    batch_input copy = *this;
+    copy.data_ = packed;
+    copy.feature_stride_ = order_ == storage_order::row_major ? 1 : examples_;
+    return copy;
   }
 
   template <class T>
@@ -140,8 +166,11 @@ class batch {
   template <class T>
   batch& add(const std::string& name, const T* data, std::size_t examples, const towerpipe::shape& example_shape,
              storage_order order = storage_order::row_major) {
-    if (find(name) != nullptr) detail::fail("batch input '", name, "' added twice");
-    inputs_.emplace_back(name, data, examples, example_shape, order);
+    return add(batch_input(name, data, examples, example_shape, order));
+  }
+  batch& add(batch_input input) {
+    if (find(input.name()) != nullptr) detail::fail("batch input '", input.name(), "' added twice");
+    inputs_.push_back(std::move(input));
     return *this;
   }
 
