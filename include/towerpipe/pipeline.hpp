@@ -191,7 +191,6 @@ class pipeline {
     const auto reduce_start = clock::now();
     const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
     reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
-    if (stats.stages.reduce == 0) stats.stages.reduce = seconds_since(reduce_start);
     trace("reduce", "average + apply + broadcast", reduce_start, steps_done_ + 1);
     towers_->record_device_spans(steps_done_ + 1);
 

@@ -11,7 +11,7 @@ namespace towerpipe {
 struct stage_seconds {
   double split = 0;      // validating the batch and cutting it into shards (and, on GPUs, staging them)
   double towers = 0;     // the tower functions, from the first start to the last end
-  double reduce = 0;     // average + optimizer, fused
+  double reduce = 0;     // average + optimizer, fused, as the backend measures it (device time on GPUs)
   double broadcast = 0;  // new parameters to the towers' replicas (none for exec::host: shared parameters)
 };
 

@@ -10,6 +10,7 @@
 // on which thread took the chunk, so the parameters are bitwise reproducible run to run.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <type_traits>
@@ -144,10 +145,12 @@ class host_reducer {
 
   // The fused pass over every chunk, in the towers' shared parameters: there is nothing to broadcast.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
-                         const typename Optim::template step_constants<value_type>& constants, stage_seconds&) {
+                         const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
+    const auto start = std::chrono::steady_clock::now();
     std::vector<const buffer*> gradients;
     for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
     pass_.run(towers.pool(), 0, pass_.chunks().size(), gradients, towers.shared_parameters(), weights, constants);
+    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
