@@ -6,6 +6,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cub/block/block_reduce.cuh>
+
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -60,21 +62,20 @@ __global__ void softmax_cross_entropy(float* logits, const std::int32_t* labels,
   for (int c = 0; c < classes; ++c) row[c] = (row[c] / total - (c == label ? 1.0f : 0.0f)) / examples;
 }
 
-// bias_gradient[o] = sum over examples of delta[e, o], in example order (deterministic).
-__global__ void column_sums(float* bias_gradient, const float* delta, int examples, int outputs) {
-  const int o = blockIdx.x * blockDim.x + threadIdx.x;
-  if (o >= outputs) return;
-  float sum = 0.0f;
-  for (int e = 0; e < examples; ++e) sum += delta[e * outputs + o];
-  bias_gradient[o] = sum;
+// out[o] = (sum over rows e of values[e * columns + o]) / divisor, one block per column: each thread sums
+// a strided share and cub::BlockReduce combines the threads' sums in a fixed order (the same bits every
+// run). Gives the bias gradients (divisor 1) and the shard's mean loss (one column).
+template <int Threads>
+__global__ void __launch_bounds__(Threads) column_sums(float* out, const float* values, int rows, int columns, float divisor) {
+  using block_reduce = cub::BlockReduce<float, Threads>;
+  __shared__ typename block_reduce::TempStorage scratch;
+  const int column = static_cast<int>(blockIdx.x);
+  float partial = 0.0f;
+  for (int e = static_cast<int>(threadIdx.x); e < rows; e += Threads) partial += values[e * columns + column];
+  const float total = block_reduce(scratch).Sum(partial);
+  if (threadIdx.x == 0) out[column] = total / divisor;
 }
-
-// loss[0] = mean of losses, by one thread in example order (deterministic; the batch is small).
-__global__ void mean_loss(float* loss, const float* losses, int examples) {
-  float sum = 0.0f;
-  for (int e = 0; e < examples; ++e) sum += losses[e];
-  *loss = sum / examples;
-}
+constexpr int column_sum_threads = 128;
 
 inline unsigned blocks(int count) { return static_cast<unsigned>((count + 255) / 256); }
 
@@ -132,13 +133,15 @@ class gpu_mlp_workspace {
     float* delta = activations_.back().get();  // the logits become their gradient in place
     kernels::softmax_cross_entropy<<<kernels::blocks(batch), 256, 0, stream>>>(delta, labels.data(), losses_.get(), batch,
                                                                                classes);
-    kernels::mean_loss<<<1, 1, 0, stream>>>(tower.device_loss(), losses_.get(), batch);
+    kernels::column_sums<kernels::column_sum_threads>
+        <<<1, kernels::column_sum_threads, 0, stream>>>(tower.device_loss(), losses_.get(), batch, 1, static_cast<float>(batch));
     // Backward.
     for (std::size_t k = layer_count; k-- > 0;) {
       const int in = static_cast<int>(layers_[k]), out = static_cast<int>(layers_[k + 1]);
       const float* input = k == 0 ? images.data() : activations_[k].get();
       gemm_rowmajor(handle_, true, false, out, in, batch, 1.0f, delta, out, input, in, 0.0f, tower.gradient(2 * k).data(), in);
-      kernels::column_sums<<<kernels::blocks(out), 256, 0, stream>>>(tower.gradient(2 * k + 1).data(), delta, batch, out);
+      kernels::column_sums<kernels::column_sum_threads>
+          <<<out, kernels::column_sum_threads, 0, stream>>>(tower.gradient(2 * k + 1).data(), delta, batch, out, 1.0f);
       if (k == 0) break;
       float* next = delta == previous_.get() ? delta_.get() : previous_.get();
       gemm_rowmajor(handle_, false, false, batch, in, out, 1.0f, delta, out, tower.parameter(2 * k).data(), in, 0.0f, next, in);

@@ -98,6 +98,7 @@ void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h
       for (std::size_t v = 0; v < test_variables.count(); ++v)
         TOWERPIPE_CUDA_CHECK(cudaMemset(space.replica(t).data(v), 0xFF, space.replica(t).view(v).size() * sizeof(float)));  // NaN
     }
+    REQUIRE_CUDA(cudaDeviceSynchronize());  // the towers' non-blocking streams do not wait for the default stream
     p.step(b, [&](typename trainer::tower_context& tower) {
       for (std::size_t v = 0; v < test_variables.count(); ++v) {
         const std::vector<float>& g = step[tower.tower()][v];

@@ -1,6 +1,7 @@
 #pragma once
 // Memory spaces for CUDA (see core/host_memory.hpp for the interface): device memory of one device,
-// and pinned (page-locked) host memory for asynchronous copies. Allocations are zero-filled.
+// and pinned (page-locked) host memory for asynchronous copies. Allocations are zero-filled before they
+// are returned.
 
 #include <cuda_runtime.h>
 
@@ -13,6 +14,21 @@
 #include "towerpipe/cuda/device.cuh"
 
 namespace towerpipe {
+namespace detail {
+
+// cudaMemcpy and cudaMemset on the default stream may return before the device has finished them (a
+// copy from pageable memory returns once its bytes are staged for DMA; a device memset is asynchronous).
+// The towers' streams are non-blocking, so they would not wait for the default stream: these helpers
+// return only once the device memory holds the new values.
+inline void finish_default_stream() { TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(nullptr)); }
+
+// Copies host values to the current device; landed on return.
+inline void copy_to_device_now(void* device_target, const void* host_source, std::size_t bytes) {
+  TOWERPIPE_CUDA_CHECK(cudaMemcpy(device_target, host_source, bytes, cudaMemcpyHostToDevice));
+  finish_default_stream();
+}
+
+}  // namespace detail
 
 struct cuda_device_memory {
   int device = 0;
@@ -41,6 +57,7 @@ struct cuda_device_memory {
     TOWERPIPE_CUDA_CHECK(status);
     owner<T> result(static_cast<T*>(raw), free_on_device{device});
     TOWERPIPE_CUDA_CHECK(cudaMemset(raw, 0, bytes));
+    detail::finish_default_stream();
     return result;
   }
 };

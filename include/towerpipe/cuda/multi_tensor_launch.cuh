@@ -47,8 +47,7 @@ class device_chunk_table {
         count_(static_cast<int>(chunks.size())),
         chunks_(cuda_device_memory{device}.allocate<tensor_chunk>(chunks.size(), 256)) {
     detail::device_guard on(device);
-    TOWERPIPE_CUDA_CHECK(
-        cudaMemcpy(chunks_.get(), chunks.data(), chunks.size() * sizeof(tensor_chunk), cudaMemcpyHostToDevice));
+    detail::copy_to_device_now(chunks_.get(), chunks.data(), chunks.size() * sizeof(tensor_chunk));
   }
 
   template <class Policy = multi_tensor_policy, class Agent>
@@ -74,7 +73,7 @@ class device_pointer_table {
   device_pointer_table(const std::vector<T*>& pointers, int variables, int device)
       : variables_(variables), pointers_(cuda_device_memory{device}.allocate<T*>(pointers.size(), 256)) {
     detail::device_guard on(device);
-    TOWERPIPE_CUDA_CHECK(cudaMemcpy(pointers_.get(), pointers.data(), pointers.size() * sizeof(T*), cudaMemcpyHostToDevice));
+    detail::copy_to_device_now(pointers_.get(), pointers.data(), pointers.size() * sizeof(T*));
   }
   pointer_table<T> view() const { return {pointers_.get(), variables_}; }
   pointer_table<const T> const_view() const { return {pointers_.get(), variables_}; }

@@ -201,8 +201,7 @@ class cuda_towers {
     synchronize_all();
     for (auto& t : towers_) {
       detail::device_guard on(t->device);
-      TOWERPIPE_CUDA_CHECK(cudaMemcpy(t->replica.data(index), values, t->replica.view(index).size() * sizeof(value_type),
-                                      cudaMemcpyHostToDevice));
+      detail::copy_to_device_now(t->replica.data(index), values, t->replica.view(index).size() * sizeof(value_type));
     }
   }
 

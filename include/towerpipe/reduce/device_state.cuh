@@ -44,8 +44,7 @@ class device_optimizer_state {
   void set(std::size_t slot, std::size_t index, const T* values) {
     device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
-    TOWERPIPE_CUDA_CHECK(cudaMemcpy(slots_[slot].data(index), values, slots_[slot].view(index).size() * sizeof(T),
-                                    cudaMemcpyHostToDevice));
+    detail::copy_to_device_now(slots_[slot].data(index), values, slots_[slot].view(index).size() * sizeof(T));
   }
 
   tensor_view<const T> on_host(std::size_t slot, std::size_t index) {
