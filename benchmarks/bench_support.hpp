@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -70,10 +71,20 @@ inline double bytes_per_parameter(std::size_t towers, int state_slots, std::size
   return 4.0 * static_cast<double>(towers) + 8.0 + 8.0 * state_slots + 4.0 * static_cast<double>(replicas_written);
 }
 
+// Where the .shapes files are by default: share/towerpipe/shapes beside an installed executable's bin/
+// (cmake --install <build> --component benchmarks puts them there), else the source tree it was built from.
+inline std::string default_shapes_dir() {
+  std::error_code ignored;
+  const std::filesystem::path executable = std::filesystem::read_symlink("/proc/self/exe", ignored);
+  const std::filesystem::path installed = executable.parent_path().parent_path() / "share" / "towerpipe" / "shapes";
+  if (!executable.empty() && std::filesystem::is_directory(installed, ignored)) return installed.string();
+  return TOWERPIPE_BENCH_SHAPES_DIR;
+}
+
 struct options {
   bool quick = false;
   std::string out = "benchmark.json";
-  std::string shapes_dir = TOWERPIPE_BENCH_SHAPES_DIR;
+  std::string shapes_dir = default_shapes_dir();
   std::vector<std::size_t> towers{1, 2, 4, 8};
   int repetitions = 20;
 };
@@ -91,7 +102,7 @@ inline options parse_options(int argc, char** argv, const char* usage) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help") {
-      std::puts(usage);
+      std::printf("%s\nShapes files are read from %s unless --shapes-dir says otherwise.\n", usage, o.shapes_dir.c_str());
       std::exit(0);
     }
     if (flag == "--quick") {
