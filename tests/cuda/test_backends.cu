@@ -262,40 +262,74 @@ TEST_CASE("bad towers and devices are clear errors; parameters stay and the pipe
   for (float v : p.parameter(0)) CHECK(v == 0.25f);
 }
 
-TEST_CASE("the timeline holds what the devices ran, on the host clock", "[gpu][staging]") {
+namespace {
+
+// Runs 3 steps of `towers` towers with a timeline; returns its spans.
+template <class Reduce>
+std::vector<timeline::span> traced_steps(std::size_t towers) {
+  using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
   timeline trace;
   pipeline_options options;
   options.trace = &trace;
-  small_trainer p(small_variables, test_inputs, 2, optim::adam::hyper_parameters{}, options);
-  const std::vector<float> x(4, 1.0f);
+  trainer p(small_variables, test_inputs, towers, optim::adam::hyper_parameters{}, options);
+  const std::vector<float> x(2 * towers, 1.0f);
   batch b;
-  b.add("x", x.data(), 4, {1});
+  b.add("x", x.data(), x.size(), {1});
   for (int s = 0; s < 3; ++s) {
-    p.step(b, [](small_trainer::tower_context& tower) {
+    p.step(b, [](typename trainer::tower_context& tower) {
       TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
       return 0.0;
     });
   }
+  return trace.spans();
+}
+
+std::size_t count_spans(const std::vector<timeline::span>& spans, std::int64_t step, const std::string& row,
+                         const std::string& name_prefix) {
+  std::size_t count = 0;
+  for (const timeline::span& s : spans) {
+    if (s.step == step && s.row == row && s.name.rfind(name_prefix, 0) == 0 && s.duration_us >= 0) ++count;
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("the timeline holds what the devices ran, on the host clock", "[gpu][staging]") {
+  const std::vector<timeline::span> spans = traced_steps<reduce::device0>(2);
   for (std::int64_t step = 1; step <= 3; ++step) {
     INFO("step " << step);
     double split_start = -1, device_reduce_start = -1, device_reduce_end = -1;
-    int gpu_tower_spans = 0;
-    for (const timeline::span& s : trace.spans()) {
+    for (const timeline::span& s : spans) {
       if (s.step != step) continue;
       if (s.row == "split") split_start = s.start_us;
       if (s.row == "reduce (GPU)") {
         device_reduce_start = s.start_us;
         device_reduce_end = s.start_us + s.duration_us;
       }
-      if (s.row.find("(GPU)") != std::string::npos && s.row.rfind("tower", 0) == 0) {
-        ++gpu_tower_spans;
-        CHECK(s.duration_us >= 0);
-      }
     }
-    CHECK(gpu_tower_spans == 2);
+    for (std::size_t t = 0; t < 2; ++t) {
+      INFO("tower " << t);
+      CHECK(count_spans(spans, step, "tower " + std::to_string(t) + " (GPU)", "compute") == 1);
+      CHECK(count_spans(spans, step, "tower " + std::to_string(t) + " (GPU copy)", "split copy") == 1);
+    }
     REQUIRE(split_start >= 0);
     // The device's times, converted, fall after the step began (1 ms slack for the clock alignment).
     CHECK(device_reduce_start >= split_start - 1000);
     CHECK(device_reduce_end >= device_reduce_start);
+  }
+}
+
+TEST_CASE("the timeline shows p2p_tree's edges and pulls on the towers' rows", "[gpu][staging]") {
+  // 4 towers: round 0 edges 0+1 and 2+3, root edge 0+2; pulls 2 <- 0, then 1 <- 0 and 3 <- 2.
+  const std::vector<timeline::span> spans = traced_steps<reduce::p2p_tree>(4);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    INFO("step " << step);
+    CHECK(count_spans(spans, step, "reduce (GPU)", "p2p_tree root") == 1);
+    CHECK(count_spans(spans, step, "tower 0 (GPU)", "tree edge: + tower 1") == 1);
+    CHECK(count_spans(spans, step, "tower 2 (GPU)", "tree edge: + tower 3") == 1);
+    CHECK(count_spans(spans, step, "tower 1 (GPU)", "broadcast: pull from tower 0") == 1);
+    CHECK(count_spans(spans, step, "tower 2 (GPU)", "broadcast: pull from tower 0") == 1);
+    CHECK(count_spans(spans, step, "tower 3 (GPU)", "broadcast: pull from tower 2") == 1);
   }
 }

@@ -166,12 +166,17 @@ class cuda_towers {
            std::chrono::duration_cast<timeline::clock::duration>(std::chrono::duration<double>(seconds));
   }
 
-  // After a step has completed: each tower's compute as the device ran it, on rows "tower i (GPU)".
+  // After a step has completed: each tower's compute as the device ran it, on rows "tower i (GPU)", and
+  // the copy of its shard (made when the batch was staged, usually during the step before) on rows
+  // "tower i (GPU copy)".
   void record_device_spans(std::int64_t step) const {
     if (trace_ == nullptr) return;
     for (std::size_t t = 0; t < towers_.size(); ++t) {
-      trace_->record(detail::make_message("tower ", t, " (GPU)"), "compute", host_time(t, towers_[t]->compute_start),
-                     host_time(t, towers_[t]->compute_end), step);
+      const tower& own = *towers_[t];
+      trace_->record(detail::make_message("tower ", t, " (GPU)"), "compute", host_time(t, own.compute_start),
+                     host_time(t, own.compute_end), step);
+      trace_->record(detail::make_message("tower ", t, " (GPU copy)"), "split copy (host to device)",
+                     host_time(t, own.copy_start[last_slot_]), host_time(t, own.copy_end[last_slot_]), step);
     }
   }
 
@@ -210,7 +215,8 @@ class cuda_towers {
   void stage(const towerpipe::batch& whole, const std::vector<shard>& shards) {
     const int slot = next_slot_;
     std::vector<towerpipe::batch> device_shards(towers());
-    for (std::size_t t = 0; t < towers(); ++t) device_shards[t] = towers_[t]->stage(slot, whole.slice(shards[t].first, shards[t].examples));
+    for (std::size_t t = 0; t < towers(); ++t)
+      device_shards[t] = towers_[t]->stage(slot, whole.slice(shards[t].first, shards[t].examples), trace_ != nullptr);
     staged_.push_back({slot, std::move(device_shards), shards});
     next_slot_ = (next_slot_ + 1) % staging_slots;
   }
@@ -226,6 +232,7 @@ class cuda_towers {
     current_step_ = step;
     const staged_batch current = std::move(staged_.front());
     staged_.pop_front();
+    last_slot_ = current.slot;
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
     std::vector<double> losses(towers(), 0.0);
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t t) {
@@ -300,37 +307,44 @@ class cuda_towers {
           clock_origin(device_id, true),
           staged{detail::cuda_event(device_id), detail::cuda_event(device_id)},
           slot_free{detail::cuda_event(device_id), detail::cuda_event(device_id)},
+          copy_start{detail::cuda_event(device_id, true), detail::cuda_event(device_id, true)},
+          copy_end{detail::cuda_event(device_id, true), detail::cuda_event(device_id, true)},
           device_loss(cuda_device_memory{device_id}.allocate<float>(1, 256)) {}
 
     // Copies one tower's shard into staging slot `slot` and returns the batch that views it on the
     // device. Row-major inputs stay row-major; column-major ones become column-major with the shard's
-    // example count as leading dimension.
-    towerpipe::batch stage(int slot, const towerpipe::batch& part) {
+    // example count as leading dimension. `timed`: record the copy's start and end (for a timeline).
+    towerpipe::batch stage(int slot, const towerpipe::batch& part, bool timed) {
       detail::device_guard on(device);
       const detail::nvtx_range range("towerpipe stage shard");
       // The last copy out of this slot's pinned memory must be done before the host overwrites it, and
       // the tower that last read this slot's device memory must be done before the copy lands.
       staged[slot].synchronize();
-      slot_free[slot].make_wait(copy_stream);
       std::vector<staging_buffer>& buffers = staging[slot];
       buffers.resize(part.inputs().size());
+      for (std::size_t i = 0; i < part.inputs().size(); ++i) {
+        const batch_input& input = part.inputs()[i];
+        staging_buffer& buffer = buffers[i];
+        if (input.bytes() > buffer.capacity) {
+          TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(copy_stream.get()));
+          TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+          buffer.host = cuda_pinned_memory{}.allocate<char>(input.bytes());
+          buffer.device = cuda_device_memory{device}.allocate<char>(input.bytes(), 256);
+          buffer.capacity = input.bytes();
+        }
+        input.pack_into(buffer.host.get());
+      }
+      // The copies, back to back once everything is packed.
+      slot_free[slot].make_wait(copy_stream);
+      if (timed) copy_start[slot].record(copy_stream);
       towerpipe::batch on_device;
       for (std::size_t i = 0; i < part.inputs().size(); ++i) {
         const batch_input& input = part.inputs()[i];
-        const std::size_t bytes = input.bytes();
-        staging_buffer& buffer = buffers[i];
-        if (bytes > buffer.capacity) {
-          TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(copy_stream.get()));
-          TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-          buffer.host = cuda_pinned_memory{}.allocate<char>(bytes);
-          buffer.device = cuda_device_memory{device}.allocate<char>(bytes, 256);
-          buffer.capacity = bytes;
-        }
-        input.pack_into(buffer.host.get());
-        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(buffer.device.get(), buffer.host.get(), bytes, cudaMemcpyHostToDevice,
-                                             copy_stream.get()));
-        on_device.add(input.packed_at(buffer.device.get()));
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(buffers[i].device.get(), buffers[i].host.get(), input.bytes(),
+                                             cudaMemcpyHostToDevice, copy_stream.get()));
+        on_device.add(input.packed_at(buffers[i].device.get()));
       }
+      if (timed) copy_end[slot].record(copy_stream);
       staged[slot].record(copy_stream);
       return on_device;
     }
@@ -344,6 +358,7 @@ class cuda_towers {
     detail::cuda_event clock_origin;
     timeline::clock::time_point clock_origin_host;
     std::array<detail::cuda_event, staging_slots> staged, slot_free;
+    std::array<detail::cuda_event, staging_slots> copy_start, copy_end;  // timing, recorded only with a timeline
     std::array<std::vector<staging_buffer>, staging_slots> staging;
     cuda_device_memory::owner<float> device_loss;
   };
@@ -364,6 +379,7 @@ class cuda_towers {
   cuda_pinned_memory::owner<float> losses_;
   std::deque<staged_batch> staged_;
   int next_slot_ = 0;
+  int last_slot_ = 0;  // the staging slot of the batch run() last consumed
   std::int64_t current_step_ = 0;
 };
 

@@ -25,6 +25,7 @@
 #include "towerpipe/reduce/multi_tensor.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/stats.hpp"
+#include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
 
@@ -50,7 +51,8 @@ class p2p_tree_reducer {
     }
     for (std::size_t t = 0; t < n; ++t) {
       const int device = towers.device(t);
-      nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements));
+      nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements,
+                                              towers.trace() != nullptr ? rounds.size() : 0));
       node& own = *nodes_.back();
       // This tower's view of every tower's gradient buffer (the partial sums): direct, or its scratch.
       std::vector<device_buffer*> sums;
@@ -101,7 +103,9 @@ class p2p_tree_reducer {
           root_start_.record(stream);
           left.chunks.launch(tree_root_agent<Optim, T>{left.sums->view(), edge, apply}, stream);
         } else {
+          if (!left.edge_start.empty()) left.edge_start[r].record(stream);
           left.chunks.launch(tree_round_agent<T>{left.sums->view(), edge}, stream);
+          if (!left.edge_end.empty()) left.edge_end[r].record(stream);
           left.partial_done.record(stream);
           left.partial_ready = &left.partial_done;
         }
@@ -139,16 +143,22 @@ class p2p_tree_reducer {
     const auto broadcast_start = std::chrono::steady_clock::now();  // the pulls wait for the root
     for (const auto& own : nodes_) own->parameters_done.synchronize();
     stages.reduce = detail::seconds_between(root_start_, root_end_);
-    if (towers.trace() != nullptr)
-      towers.trace()->record("reduce (GPU)", "p2p_tree root: last edge + apply", towers.host_time(0, root_start_),
-                             towers.host_time(0, root_end_), towers.current_step());
     stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - broadcast_start).count();
+    if (towers.trace() != nullptr) record_device_spans(towers, rounds);
   }
 
  private:
   struct node {
-    node(const variable_set& variables, int device, std::size_t chunk_elements)
-        : chunks(make_chunk_table(variables, chunk_elements), device), partial_done(device), parameters_done(device) {}
+    // `timed_rounds`: how many tree rounds get timing events (0 without a timeline).
+    node(const variable_set& variables, int device, std::size_t chunk_elements, std::size_t timed_rounds)
+        : chunks(make_chunk_table(variables, chunk_elements), device),
+          partial_done(device),
+          parameters_done(device, timed_rounds > 0) {
+      for (std::size_t r = 0; r < timed_rounds; ++r) {
+        edge_start.emplace_back(device, true);
+        edge_end.emplace_back(device, true);
+      }
+    }
 
     device_chunk_table chunks;
     std::unique_ptr<device_buffer> scratch;                // only without peer access to some tower
@@ -157,7 +167,31 @@ class p2p_tree_reducer {
     bool pulls_directly = true;
     detail::cuda_event partial_done, parameters_done;
     const detail::cuda_event* partial_ready = nullptr;     // this step: the last write to this tower's sums
+    std::vector<detail::cuda_event> edge_start, edge_end;  // per round where this tower is the left side
   };
+
+  // After a step, with a timeline: the root edge on row "reduce (GPU)", the other edges and the pulls of
+  // the new parameters on the rows of the towers whose streams ran them.
+  void record_device_spans(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<T>>>& rounds) const {
+    timeline& trace = *towers.trace();
+    const std::int64_t step = towers.current_step();
+    trace.record("reduce (GPU)", "p2p_tree root: last edge + apply", towers.host_time(0, root_start_),
+                 towers.host_time(0, root_end_), step);
+    for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
+      for (const tree_edge<T>& edge : rounds[r]) {
+        const std::size_t left = static_cast<std::size_t>(edge.left);
+        trace.record(detail::make_message("tower ", left, " (GPU)"), detail::make_message("tree edge: + tower ", edge.right),
+                     towers.host_time(left, nodes_[left]->edge_start[r]), towers.host_time(left, nodes_[left]->edge_end[r]),
+                     step);
+      }
+    }
+    for (std::size_t t = 1; t < nodes_.size(); ++t) {
+      const std::size_t parent = static_cast<std::size_t>(parent_[t]);
+      trace.record(detail::make_message("tower ", t, " (GPU)"), detail::make_message("broadcast: pull from tower ", parent),
+                   towers.host_time(parent, nodes_[parent]->parameters_done), towers.host_time(t, nodes_[t]->parameters_done),
+                   step);
+    }
+  }
 
   detail::device_optimizer_state<Optim, Layout> state_;
   detail::cuda_event root_start_, root_end_;

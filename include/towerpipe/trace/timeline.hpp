@@ -5,7 +5,8 @@
 //
 // Times are host clock times (steady_clock, microseconds since the timeline was made). For GPU towers
 // the "tower i" rows show the tower function enqueueing its work on the host, and rows "tower i (GPU)"
-// and "reduce (GPU)" what the devices ran: CUDA event times converted to the host clock through an
+// (compute; p2p_tree's edges and pulls), "tower i (GPU copy)" (the shard's host-to-device copy) and
+// "reduce (GPU)" what the devices ran: CUDA event times converted to the host clock through an
 // event that each tower's device completed at a known host time. The GPU stages also open NVTX ranges
 // (cuda/nvtx.cuh), which Nsight Systems shows beside the kernels.
 
