@@ -11,24 +11,15 @@ run by the anchors' torch_anchor_bench.py), and writes into RESULTS_DIR:
   ratio_to_floor.png       ratio to the floor per backend for ResNet-50 and BERT-base (Adam, flat and
                            per_variable), beside the PyTorch peers' ratios.
 """
-import json
 import os
 import sys
 
 import matplotlib
 
+from bench_results import PEERS, anchor_rows, benchmark_rows, load, peer_ms
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-PEERS = ["tf_tower", "torch_foreach", "torch_fused", "flat_fused", "cupy_fused1", "host_ps"]
-
-
-def load(directory, name):
-    path = os.path.join(directory, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as handle:
-        return json.load(handle)
 
 
 def time_vs_parameters(rows, out):
@@ -69,12 +60,12 @@ def ratio_to_floor(rows, anchors, out):
             if r["model"] == model and r["optimizer"] == "adam":
                 label = f"{r['backend']}/{r['layout']}" + (" (CPU towers)" if r["exec"] == "host" else "")
                 bars[(label, int(r["towers"]))] = r["ratio_to_floor"]
-        for a in (anchors or {}).get("results", anchors if isinstance(anchors, list) else []):
+        for a in anchor_rows(anchors):
             if a.get("model") != model:
                 continue
             for peer in PEERS:
-                if isinstance(a.get(peer), list):
-                    bars[(f"torch:{peer}", int(a["towers"]))] = a[peer][0] / a["floor_ms"]
+                if peer_ms(a, peer) is not None:
+                    bars[(f"torch:{peer}", int(a["towers"]))] = peer_ms(a, peer) / a["floor_ms"]
         labels = sorted({k[0] for k in bars})
         towers = sorted({k[1] for k in bars})
         width = 0.8 / max(len(towers), 1)
@@ -97,10 +88,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     directory = sys.argv[1]
-    gpu = load(directory, "gpu_benchmark.json")
-    host = load(directory, "host_benchmark.json")
     anchors = load(directory, "anchors.json")
-    rows = (gpu or {}).get("rows", []) + (host or {}).get("rows", [])
+    rows = benchmark_rows(directory)
     if not rows:
         sys.exit(f"plot.py: no benchmark JSON in {directory}")
     made = [name for name, ok in (

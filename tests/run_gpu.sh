@@ -3,7 +3,8 @@
 # runs the whole test suite (host and GPU), runs the GPU tests under compute-sanitizer memcheck and
 # racecheck, runs the benchmarks (and the PyTorch anchors where .device/anchors holds them) and the
 # training program on GPU towers (Fashion-MNIST where .device/fashion-mnist holds its .gz files), and writes
-# under $OUT (default build/gpu-results): summary.txt, the benchmarks' JSON and logs.tar.gz.
+# under $OUT (default build/gpu-results): summary.txt, the benchmarks' JSON, table.md (the README's
+# table, targets checked) and logs.tar.gz.
 # Catch2 comes from the system, or from a Debian catch2_*.deb placed in .device/ (unpacked to /tmp/c2).
 # BENCH=quick runs the quick benchmark subset; BENCH=none skips them.
 set -uo pipefail
@@ -50,7 +51,10 @@ if [ "$bench" != none ]; then
   step host_bench build/gpu/benchmarks/towerpipe_host_benchmark "${quick[@]}" --out "$out/host_benchmark.json"
   if [ -f .device/anchors/torch_anchor_bench.py ]; then
     step anchors env OUT="$out" python3 .device/anchors/torch_anchor_bench.py
+    step transfers python3 .device/anchors/host_transfer_bench.py  # PCIe and torch's CPU Adam: reduce::host's peers
   fi
+  # The README's table with every target checked, from this run's figures.
+  python3 benchmarks/table.py "$out" >"$out/table.md" 2>&1 && tail -n 1 "$out/table.md" >>"$out/summary.txt"
   # The main job on GPU towers: examples/sec and step-time spread per backend and tower count.
   data=(--generated 60000)
   [ -f .device/fashion-mnist/train-images-idx3-ubyte.gz ] && data=(--data .device/fashion-mnist)
