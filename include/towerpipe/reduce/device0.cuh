@@ -30,18 +30,18 @@
 namespace towerpipe {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class device0_reducer {
+class device0_reducer : public detail::device_optimizer_state<Optim, Layout> {
  public:
   using T = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
   device0_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
-      : root_(towers.device(0)),
+      : detail::device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
+        root_(towers.device(0)),
         stream_(root_),
         start_(root_, true),
         end_(root_, true),
-        state_(variables, Optim::state_slots(h), root_),
         chunks_(make_chunk_table(variables, Policy::chunk_elements), root_) {
     detail::check_device_tower_count("reduce::device0", towers.towers());
     const int count = static_cast<int>(variables.count());
@@ -63,11 +63,6 @@ class device0_reducer {
     replicas_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(replica_roles), count, root_);
   }
 
-  std::size_t state_slots() const { return static_cast<std::size_t>(state_.slots()); }
-  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) { return state_.on_host(slot, index); }
-  void set_state(std::size_t slot, std::size_t index, const T* values) { state_.set(slot, index, values); }
-  void parameter_set(std::size_t, const T*) {}  // replica 0 is the master copy
-
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
     const detail::nvtx_range range("towerpipe reduce::device0");
@@ -78,8 +73,8 @@ class device0_reducer {
         detail::copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
     }
     start_.record(stream_);
-    const optimizer_apply<Optim, T> apply{replicas_->view(), state_.table(), static_cast<int>(towers.towers()),
-                                          state_.slots(), constants};
+    const optimizer_apply<Optim, T> apply{replicas_->view(), this->state_table(), static_cast<int>(towers.towers()),
+                                          this->state_slot_count(), constants};
     detail::launch_fused_apply<Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
                                          weights, apply);
     for (std::size_t t = 0; t < towers.towers(); ++t) {
@@ -105,7 +100,6 @@ class device0_reducer {
   int root_;
   detail::cuda_stream stream_;
   detail::cuda_event start_, end_;
-  detail::device_optimizer_state<Optim, Layout> state_;
   device_chunk_table chunks_;
   std::vector<std::unique_ptr<staging>> staged_;  // null where the root reads the tower directly
   std::unique_ptr<device_pointer_table<T>> gradients_, replicas_;

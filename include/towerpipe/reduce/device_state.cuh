@@ -20,14 +20,18 @@
 namespace towerpipe {
 namespace detail {
 
+// The optimizer state of a device reduction, on the device that applies the optimizer (tower 0's), and
+// the part of the reducer interface that goes with it: the device reducers derive from it. Their master
+// copy of the parameters is tower 0's replica, so setting parameters needs nothing more from them.
 template <class Optim, class Layout>
 class device_optimizer_state {
  public:
   using T = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
 
-  device_optimizer_state(const variable_set& variables, int slots, int device)
+  device_optimizer_state(const variable_set& variables, const typename Optim::hyper_parameters& h, int device)
       : device_(device), host_mirror_(variables) {
+    const int slots = Optim::state_slots(h);
     for (int s = 0; s < slots; ++s) slots_.emplace_back(variables, cuda_device_memory{device});
     std::vector<device_buffer*> roles;
     for (device_buffer& slot : slots_) roles.push_back(&slot);
@@ -37,17 +41,17 @@ class device_optimizer_state {
     table_ = std::make_unique<device_pointer_table<T>>(pointers, static_cast<int>(variables.count()), device);
   }
 
-  int slots() const { return static_cast<int>(slots_.size()); }
-  pointer_table<T> table() const { return table_->view(); }
+  std::size_t state_slots() const { return slots_.size(); }
+  void parameter_set(std::size_t, const T*) {}  // tower 0's replica, the master copy, is set by the towers
 
   // Call only when no reduction is in flight (between steps).
-  void set(std::size_t slot, std::size_t index, const T* values) {
+  void set_state(std::size_t slot, std::size_t index, const T* values) {
     device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
     detail::copy_to_device_now(slots_[slot].data(index), values, slots_[slot].view(index).size() * sizeof(T));
   }
 
-  tensor_view<const T> on_host(std::size_t slot, std::size_t index) {
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
     device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
     const tensor_view<T> target = host_mirror_.view(index);
@@ -55,6 +59,11 @@ class device_optimizer_state {
                                     cudaMemcpyDeviceToHost));
     return target;
   }
+
+ protected:
+  // The state as the fused agents see it: role = slot.
+  pointer_table<T> state_table() const { return table_->view(); }
+  int state_slot_count() const { return static_cast<int>(slots_.size()); }
 
  private:
   int device_;

@@ -30,14 +30,14 @@
 namespace towerpipe {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class p2p_tree_reducer {
+class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
  public:
   using T = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
   p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
-      : state_(variables, Optim::state_slots(h), towers.device(0)),
+      : detail::device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
         root_start_(towers.device(0), true),
         root_end_(towers.device(0), true) {
     detail::check_device_tower_count("reduce::p2p_tree", towers.towers());
@@ -76,17 +76,13 @@ class p2p_tree_reducer {
     }
   }
 
-  std::size_t state_slots() const { return static_cast<std::size_t>(state_.slots()); }
-  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) { return state_.on_host(slot, index); }
-  void set_state(std::size_t slot, std::size_t index, const T* values) { state_.set(slot, index, values); }
-  void parameter_set(std::size_t, const T*) {}  // replica 0 is the master copy
-
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
     const detail::nvtx_range range("towerpipe reduce::p2p_tree");
     const int n = static_cast<int>(towers.towers());
     const auto rounds = canonical_tree_rounds<T>(n, weights);
-    const optimizer_apply<Optim, T> apply{nodes_[0]->own_replica->view(), state_.table(), 1, state_.slots(), constants};
+    const optimizer_apply<Optim, T> apply{nodes_[0]->own_replica->view(), this->state_table(), 1, this->state_slot_count(),
+                                          constants};
     // Reduce: every edge on its left tower's stream, after the right tower's last write to its buffer.
     for (std::size_t t = 0; t < towers.towers(); ++t) nodes_[t]->partial_ready = &towers.gradients_ready(t);
     for (std::size_t r = 0; r < rounds.size(); ++r) {
@@ -193,7 +189,6 @@ class p2p_tree_reducer {
     }
   }
 
-  detail::device_optimizer_state<Optim, Layout> state_;
   detail::cuda_event root_start_, root_end_;
   std::vector<int> parent_;  // tower -> the tower it pulls parameters from; -1 for the root
   std::vector<std::unique_ptr<node>> nodes_;
