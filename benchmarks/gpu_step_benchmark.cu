@@ -10,6 +10,8 @@
 // smaller than 3x the L2 cache rotate over several independent instances.
 
 #include <cuda_runtime.h>
+#include <thrust/execution_policy.h>
+#include <thrust/tabulate.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,15 +39,16 @@ const char* usage =
 
 #define BENCH_CUDA(call) TOWERPIPE_CUDA_CHECK(call)
 
-__global__ void fill_small_values(float* data, std::size_t n, unsigned seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+// Gradient-like values in [-1e-3, 1e-3) from a hash of the index (thrust::tabulate fills with them).
+struct small_value_of_index {
+  unsigned seed;
+  __host__ __device__ float operator()(std::size_t i) const {
     unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
     h ^= h >> 13;
     h *= 0x5bd1e995u;
-    data[i] = (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 2e-3f;
+    return (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 2e-3f;
   }
-}
+};
 
 double elapsed_median(const std::function<void(cudaStream_t)>& work, int repetitions) {
   cudaStream_t stream;
@@ -112,7 +115,8 @@ void measure(const std::string& model, const variable_set& variables, std::size_
       for (std::size_t v = 0; v < variables.count(); ++v) {
         auto view = tower_sets.back()->gradients(t).view(v);
         detail::device_guard on(tower_sets.back()->device(t));
-        fill_small_values<<<256, 256>>>(view.data(), view.size(), static_cast<unsigned>(t * 131 + v));
+        thrust::tabulate(thrust::device, view.data(), view.data() + view.size(),
+                         small_value_of_index{static_cast<unsigned>(t * 131 + v)});
       }
     }
   }

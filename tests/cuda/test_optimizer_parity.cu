@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
 
 #include "test_support.hpp"
 
@@ -17,19 +19,16 @@ using towerpipe_tests::random_source;
 namespace {
 
 template <class T>
-struct device_array {
-  T* data = nullptr;
-  explicit device_array(const std::vector<T>& host) {
-    REQUIRE_CUDA(cudaMalloc(&data, host.size() * sizeof(T)));
-    REQUIRE_CUDA(cudaMemcpy(data, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~device_array() { cudaFree(data); }
-  std::vector<T> read(std::size_t count) const {
-    std::vector<T> host(count);
-    REQUIRE_CUDA(cudaMemcpy(host.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-};
+std::vector<T> to_host(const thrust::device_vector<T>& values) {
+  std::vector<T> host(values.size());
+  thrust::copy(values.begin(), values.end(), host.begin());
+  return host;
+}
+
+template <class T>
+T* raw(thrust::device_vector<T>& values) {
+  return thrust::raw_pointer_cast(values.data());
+}
 
 // steps x n gradients; state is slots x n.
 template <class Optim>
@@ -57,10 +56,9 @@ void check_parity(const typename Optim::hyper_parameters& h, std::uint64_t salt)
   std::vector<float> params = random.normal(n);
   std::vector<float> state(static_cast<std::size_t>(slots) * n, 0.0f);  // optimizer state starts at zero
 
-  device_array<typename Optim::template step_constants<float>> d_constants(constants);
-  device_array<float> d_grads(grads), d_params(params), d_state(state.empty() ? std::vector<float>(1) : state);
-  apply_steps<Optim><<<(n + 255) / 256, 256>>>(d_constants.data, steps, d_grads.data, d_params.data, d_state.data, n,
-                                               slots);
+  thrust::device_vector<typename Optim::template step_constants<float>> d_constants(constants);
+  thrust::device_vector<float> d_grads(grads), d_params(params), d_state(state.empty() ? std::vector<float>(1) : state);
+  apply_steps<Optim><<<(n + 255) / 256, 256>>>(raw(d_constants), steps, raw(d_grads), raw(d_params), raw(d_state), n, slots);
   REQUIRE_CUDA(cudaGetLastError());
   REQUIRE_CUDA(cudaDeviceSynchronize());
 
@@ -70,8 +68,8 @@ void check_parity(const typename Optim::hyper_parameters& h, std::uint64_t salt)
     for (int t = 0; t < steps; ++t) Optim::update(constants[t], grads[static_cast<std::size_t>(t) * n + i], params[i], s);
     for (int k = 0; k < slots; ++k) state[static_cast<std::size_t>(k) * n + i] = s[k];
   }
-  CHECK(first_bitwise_difference(d_params.read(n), params) == -1);
-  if (slots > 0) CHECK(first_bitwise_difference(d_state.read(state.size()), state) == -1);
+  CHECK(first_bitwise_difference(to_host(d_params), params) == -1);
+  if (slots > 0) CHECK(first_bitwise_difference(to_host(d_state), state) == -1);
 }
 
 __global__ void canonical_sums(const float* values, const float* weights, int towers, int n, float* out) {
@@ -105,12 +103,12 @@ TEST_CASE("the device's canonical tower sum equals the host's bitwise", "[gpu][c
     INFO("towers " << towers);
     const std::vector<float> values = random.wide(static_cast<std::size_t>(towers) * n);
     const std::vector<float> weights = random.normal(static_cast<std::size_t>(towers));
-    device_array<float> d_values(values), d_weights(weights), d_out(std::vector<float>(n, std::nanf("")));
-    canonical_sums<<<(n + 255) / 256, 256>>>(d_values.data, d_weights.data, towers, n, d_out.data);
+    thrust::device_vector<float> d_values(values), d_weights(weights), d_out(n, std::nanf(""));
+    canonical_sums<<<(n + 255) / 256, 256>>>(raw(d_values), raw(d_weights), towers, n, raw(d_out));
     REQUIRE_CUDA(cudaGetLastError());
     std::vector<float> expected(n);
     for (int i = 0; i < n; ++i)
       expected[i] = canonical_sum<float>(towers, [&](int t) { return detail::rounded_mul(weights[t], values[t * n + i]); });
-    CHECK(first_bitwise_difference(d_out.read(n), expected) == -1);
+    CHECK(first_bitwise_difference(to_host(d_out), expected) == -1);
   }
 }
