@@ -7,12 +7,16 @@
 
 namespace towerpipe {
 
-// Wall-clock seconds of each stage of one step, measured on the host.
+// Seconds of each stage of one step. split and towers are host clock times; reduce and broadcast are
+// as the backend measures them: CUDA event times on the devices for reduce::device0 and reduce::p2p_tree
+// (from the last tower's gradients being ready; kernel launches included), host clock times for
+// reduce::host.
 struct stage_seconds {
   double split = 0;      // validating the batch and cutting it into shards (and, on GPUs, staging them)
   double towers = 0;     // the tower functions, from the first start to the last end
-  double reduce = 0;     // average + optimizer, fused, as the backend measures it (device time on GPUs)
-  double broadcast = 0;  // new parameters to the towers' replicas (none for exec::host: shared parameters)
+  double reduce = 0;     // average + optimizer (fused with the broadcast for device0)
+  double broadcast = 0;  // new parameters to the towers' replicas: p2p_tree's pulls down the tree, reduce::host's
+                         // uploads; none for device0 (fused) and exec::host (shared parameters)
 };
 
 struct step_stats {

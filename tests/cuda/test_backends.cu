@@ -333,3 +333,33 @@ TEST_CASE("the timeline shows p2p_tree's edges and pulls on the towers' rows", "
     CHECK(count_spans(spans, step, "tower 3 (GPU)", "broadcast: pull from tower 2") == 1);
   }
 }
+
+namespace {
+
+template <class Reduce>
+step_stats one_step(std::size_t towers) {
+  using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
+  trainer p(small_variables, test_inputs, towers, optim::adam::hyper_parameters{});
+  const std::vector<float> x(towers, 1.0f);
+  batch b;
+  b.add("x", x.data(), x.size(), {1});
+  const auto zero_gradients = [](typename trainer::tower_context& tower) {
+    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+    return 0.0;
+  };
+  p.step(b, zero_gradients);  // warm-up
+  return p.step(b, zero_gradients);
+}
+
+}  // namespace
+
+TEST_CASE("device backends time reduce and broadcast on the device, inside the step", "[gpu][staging]") {
+  const step_stats device0 = one_step<reduce::device0>(3);
+  CHECK(device0.stages.reduce > 0);
+  CHECK(device0.stages.broadcast == 0);  // fused into the reduce kernel
+  CHECK(device0.stages.reduce <= device0.seconds);
+  const step_stats tree = one_step<reduce::p2p_tree>(3);
+  CHECK(tree.stages.reduce > 0);
+  CHECK(tree.stages.broadcast > 0);  // towers 1 and 2 pull from tower 0
+  CHECK(tree.stages.reduce + tree.stages.broadcast <= tree.seconds);
+}

@@ -11,7 +11,6 @@
 
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -67,12 +66,12 @@ class device0_reducer : public detail::device_optimizer_state<Optim, Layout> {
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
     const detail::nvtx_range range("towerpipe reduce::device0");
     detail::device_guard on(root_);
+    for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(stream_);
+    start_.record(stream_);  // the last tower's gradients are ready
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      towers.gradients_ready(t).make_wait(stream_);
       if (staged_[t])
         detail::copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
     }
-    start_.record(stream_);
     const optimizer_apply<Optim, T> apply{replicas_->view(), this->state_table(), static_cast<int>(towers.towers()),
                                           this->state_slot_count(), constants};
     detail::launch_fused_apply<Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),

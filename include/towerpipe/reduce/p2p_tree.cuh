@@ -10,7 +10,7 @@
 
 #include <cuda_runtime.h>
 
-#include <chrono>
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -38,6 +38,8 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
 
   p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
       : detail::device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
+        timing_stream_(towers.device(0)),
+        tree_start_(towers.device(0), true),
         root_start_(towers.device(0), true),
         root_end_(towers.device(0), true) {
     detail::check_device_tower_count("reduce::p2p_tree", towers.towers());
@@ -83,6 +85,13 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     const auto rounds = canonical_tree_rounds<T>(n, weights);
     const optimizer_apply<Optim, T> apply{nodes_[0]->own_replica->view(), this->state_table(), 1, this->state_slot_count(),
                                           constants};
+    // The reduction starts when the last tower's gradients are ready: marked on a stream of its own, so
+    // that no tower waits for more than its edges need.
+    {
+      detail::device_guard on(towers.device(0));
+      for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(timing_stream_);
+      tree_start_.record(timing_stream_);
+    }
     // Reduce: every edge on its left tower's stream, after the right tower's last write to its buffer.
     for (std::size_t t = 0; t < towers.towers(); ++t) nodes_[t]->partial_ready = &towers.gradients_ready(t);
     for (std::size_t r = 0; r < rounds.size(); ++r) {
@@ -126,6 +135,7 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
         const detail::cuda_stream& stream = towers.stream(child);
         detail::device_guard on(stream.device());
         nodes_[static_cast<std::size_t>(edge.left)]->parameters_done.make_wait(stream);
+        own.pull_start.record(stream);
         if (own.pulls_directly) {
           own.chunks.launch(copy_agent<T>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
         } else {
@@ -135,11 +145,9 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
         own.parameters_done.record(stream);
       }
     }
-    root_end_.synchronize();
-    const auto broadcast_start = std::chrono::steady_clock::now();  // the pulls wait for the root
     for (const auto& own : nodes_) own->parameters_done.synchronize();
-    stages.reduce = detail::seconds_between(root_start_, root_end_);
-    stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - broadcast_start).count();
+    stages.reduce = detail::seconds_between(tree_start_, root_end_);
+    stages.broadcast = broadcast_seconds();
     if (towers.trace() != nullptr) record_device_spans(towers, rounds);
   }
 
@@ -149,7 +157,8 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     node(const variable_set& variables, int device, std::size_t chunk_elements, std::size_t timed_rounds)
         : chunks(make_chunk_table(variables, chunk_elements), device),
           partial_done(device),
-          parameters_done(device, timed_rounds > 0) {
+          pull_start(device, true),
+          parameters_done(device, true) {
       for (std::size_t r = 0; r < timed_rounds; ++r) {
         edge_start.emplace_back(device, true);
         edge_end.emplace_back(device, true);
@@ -161,10 +170,24 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     std::unique_ptr<device_pointer_table<T>> sums;          // role = tower: partial sums as this tower reads them
     std::unique_ptr<device_pointer_table<T>> parent_replica, own_replica;
     bool pulls_directly = true;
-    detail::cuda_event partial_done, parameters_done;
+    detail::cuda_event partial_done;
+    detail::cuda_event pull_start, parameters_done;  // timing: the pull of the new parameters (not at the root)
     const detail::cuda_event* partial_ready = nullptr;     // this step: the last write to this tower's sums
     std::vector<detail::cuda_event> edge_start, edge_end;  // per round where this tower is the left side
   };
+
+  // The broadcast's critical path: the longest chain of pulls from the root down the tree, each pull timed
+  // on its own device (towers on different devices have no common device clock).
+  double broadcast_seconds() const {
+    std::vector<double> arrival(nodes_.size(), 0.0);  // parents come before their children
+    double longest = 0;
+    for (std::size_t t = 1; t < nodes_.size(); ++t) {
+      arrival[t] = arrival[static_cast<std::size_t>(parent_[t])] +
+                   detail::seconds_between(nodes_[t]->pull_start, nodes_[t]->parameters_done);
+      longest = std::max(longest, arrival[t]);
+    }
+    return longest;
+  }
 
   // After a step, with a timeline: the root edge on row "reduce (GPU)", the other edges and the pulls of
   // the new parameters on the rows of the towers whose streams ran them.
@@ -184,12 +207,12 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     for (std::size_t t = 1; t < nodes_.size(); ++t) {
       const std::size_t parent = static_cast<std::size_t>(parent_[t]);
       trace.record(detail::make_message("tower ", t, " (GPU)"), detail::make_message("broadcast: pull from tower ", parent),
-                   towers.host_time(parent, nodes_[parent]->parameters_done), towers.host_time(t, nodes_[t]->parameters_done),
-                   step);
+                   towers.host_time(t, nodes_[t]->pull_start), towers.host_time(t, nodes_[t]->parameters_done), step);
     }
   }
 
-  detail::cuda_event root_start_, root_end_;
+  detail::cuda_stream timing_stream_;  // on tower 0's device: marks when the last tower's gradients were ready
+  detail::cuda_event tree_start_, root_start_, root_end_;
   std::vector<int> parent_;  // tower -> the tower it pulls parameters from; -1 for the root
   std::vector<std::unique_ptr<node>> nodes_;
 };
