@@ -321,15 +321,16 @@ TEST_CASE("the timeline holds what the devices ran, on the host clock", "[gpu][s
 }
 
 TEST_CASE("the timeline shows p2p_tree's edges and pulls on the towers' rows", "[gpu][staging]") {
-  // 4 towers: round 0 edges 0+1 and 2+3, root edge 0+2; pulls 2 <- 0, then 1 <- 0 and 3 <- 2.
+  // 4 towers: round 0 edges 0+1 and 2+3, root edge 0+2, whose pass also writes towers 1 and 2 (tower 0's
+  // children in the tree); tower 3 pulls from tower 2.
   const std::vector<timeline::span> spans = traced_steps<reduce::p2p_tree>(4);
   for (std::int64_t step = 1; step <= 3; ++step) {
     INFO("step " << step);
     CHECK(count_spans(spans, step, "reduce (GPU)", "p2p_tree root") == 1);
     CHECK(count_spans(spans, step, "tower 0 (GPU)", "tree edge: + tower 1") == 1);
     CHECK(count_spans(spans, step, "tower 2 (GPU)", "tree edge: + tower 3") == 1);
-    CHECK(count_spans(spans, step, "tower 1 (GPU)", "broadcast: pull from tower 0") == 1);
-    CHECK(count_spans(spans, step, "tower 2 (GPU)", "broadcast: pull from tower 0") == 1);
+    CHECK(count_spans(spans, step, "tower 1 (GPU)", "broadcast") == 0);
+    CHECK(count_spans(spans, step, "tower 2 (GPU)", "broadcast") == 0);
     CHECK(count_spans(spans, step, "tower 3 (GPU)", "broadcast: pull from tower 2") == 1);
   }
 }
@@ -358,8 +359,12 @@ TEST_CASE("device backends time reduce and broadcast on the device, inside the s
   CHECK(device0.stages.reduce > 0);
   CHECK(device0.stages.broadcast == 0);  // fused into the reduce kernel
   CHECK(device0.stages.reduce <= device0.seconds);
-  const step_stats tree = one_step<reduce::p2p_tree>(3);
+  const step_stats tree = one_step<reduce::p2p_tree>(4);
   CHECK(tree.stages.reduce > 0);
-  CHECK(tree.stages.broadcast > 0);  // towers 1 and 2 pull from tower 0
+  CHECK(tree.stages.broadcast > 0);  // tower 3 pulls from tower 2
   CHECK(tree.stages.reduce + tree.stages.broadcast <= tree.seconds);
+}
+
+TEST_CASE("p2p_tree with two towers writes both replicas in the root's pass: no broadcast left", "[gpu][staging]") {
+  CHECK(one_step<reduce::p2p_tree>(2).stages.broadcast == 0);
 }

@@ -1,7 +1,7 @@
 // The device reductions' per-element programs (reduce/multi_tensor.hpp), run on the host over the same
 // chunk and pointer tables the kernels use: they must cover every element once and give bitwise the
 // host pipeline's parameters — reduce::device0 as one fused pass, reduce::p2p_tree as tree edges, a
-// fused root and copies down the tree.
+// fused root that also writes its children's replicas, and copies further down the tree.
 #include <towerpipe/reduce/multi_tensor.hpp>
 #include <towerpipe/towerpipe.hpp>
 
@@ -86,8 +86,19 @@ class emulated_devices {
   buffer& replica(std::size_t t) { return replicas_[t]; }
   int towers() const { return static_cast<int>(gradients_.size()); }
 
-  optimizer_apply<Optim, float> apply(int replica_count, const typename Optim::template step_constants<float>& c) {
-    return {replica_table(), {state_pointers_.data(), count()}, replica_count, static_cast<int>(state_.size()), c};
+  // The optimizer writing replicas[0, replica_count) of `replicas` (default: towers 0, 1, ... in order).
+  optimizer_apply<Optim, float> apply(int replica_count, const typename Optim::template step_constants<float>& c,
+                                      pointer_table<float> replicas = {}) {
+    if (replicas.pointers == nullptr) replicas = replica_table();
+    return {replicas, {state_pointers_.data(), count()}, replica_count, static_cast<int>(state_.size()), c};
+  }
+  // The replica pointers of the given towers, as roles 0, 1, ... ([role][variable]).
+  std::vector<float*> replica_pointers(const std::vector<int>& towers) {
+    std::vector<float*> pointers;
+    for (int t : towers) {
+      for (int v = 0; v < count(); ++v) pointers.push_back(replica_pointers_[static_cast<std::size_t>(t * count() + v)]);
+    }
+    return pointers;
   }
   pointer_table<float> gradient_table() { return {gradient_pointers_.data(), count()}; }
   pointer_table<float> replica_table() { return {replica_pointers_.data(), count()}; }
@@ -162,10 +173,19 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
         for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
           for (const tree_edge<float>& edge : rounds[r]) run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge}, devices.chunks());
         }
-        run_agent_on_host(tree_root_agent<Optim, float>{devices.gradient_table(), rounds.back().front(), devices.apply(1, constants)},
+        // The root's pass writes tower 0 and its children in the tree; every other tower pulls from its parent.
+        std::vector<int> root_targets{0};
+        for (const auto& round : rounds) {
+          if (round.front().left == 0) root_targets.push_back(round.front().right);
+        }
+        std::vector<float*> root_pointers = devices.replica_pointers(root_targets);
+        const pointer_table<float> root_table{root_pointers.data(), static_cast<int>(variables.count())};
+        run_agent_on_host(tree_root_agent<Optim, float>{devices.gradient_table(), rounds.back().front(),
+                                                        devices.apply(static_cast<int>(root_targets.size()), constants, root_table)},
                           devices.chunks());
         for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
           for (const tree_edge<float>& edge : *r) {
+            if (edge.left == 0) continue;  // written by the root's pass
             float* const* replicas = devices.replica_table().pointers;
             const pointer_table<const float> source{replicas + edge.left * static_cast<int>(variables.count()),
                                                     static_cast<int>(variables.count())};
