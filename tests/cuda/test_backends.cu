@@ -6,12 +6,15 @@
 // random gradients every replica must equal the host's parameters bitwise. Replicas other than the
 // root's are poisoned before each step, so a replica the broadcast misses shows.
 #include <towerpipe/cuda.cuh>
+#include <towerpipe/io/checkpoint.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <stdexcept>
+#include <type_traits>
 
 #include "test_support.hpp"
 
@@ -32,8 +35,9 @@ std::size_t max_towers() {
   return text != nullptr ? std::strtoul(text, nullptr, 10) : 8;
 }
 
-// grads[step][tower][variable]
-using gradient_plan = std::vector<std::vector<std::vector<std::vector<float>>>>;
+// One step's gradients: [tower][variable]; a plan: [step][tower][variable].
+using step_gradients = std::vector<std::vector<std::vector<float>>>;
+using gradient_plan = std::vector<step_gradients>;
 
 gradient_plan draw_plan(random_source& random, std::size_t towers, int steps) {
   gradient_plan plan(static_cast<std::size_t>(steps));
@@ -46,6 +50,37 @@ gradient_plan draw_plan(random_source& random, std::size_t towers, int steps) {
   return plan;
 }
 
+// One step's gradients of one tower, from the plan: copied on the host, or to the tower's device.
+template <class Context>
+void write_host_gradients(Context& tower, const step_gradients& step) {
+  for (std::size_t v = 0; v < test_variables.count(); ++v)
+    tower.write_gradient(v, step[tower.tower()][v].data(), step[tower.tower()][v].size());
+}
+template <class Context>
+void write_device_gradients(Context& tower, const step_gradients& step) {
+  for (std::size_t v = 0; v < test_variables.count(); ++v) {
+    const std::vector<float>& g = step[tower.tower()][v];
+    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.gradient(v).data(), g.data(), g.size() * sizeof(float),
+                                         cudaMemcpyHostToDevice, tower.stream()));
+  }
+  TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));  // g lives on the host in the test's plan
+}
+
+// Runs plan steps [first, last) on a pipeline of examples x 1 input "x".
+template <class Pipeline>
+void run_plan(Pipeline& p, const gradient_plan& plan, std::size_t first, std::size_t last, std::size_t examples) {
+  const std::vector<float> x(examples, 1.0f);
+  batch b;
+  b.add("x", x.data(), examples, {1});
+  for (std::size_t s = first; s < last; ++s) {
+    p.step(b, [&](typename Pipeline::tower_context& tower) {
+      if constexpr (std::is_same_v<typename Pipeline::exec_policy, exec::host>) write_host_gradients(tower, plan[s]);
+      else write_device_gradients(tower, plan[s]);
+      return 0.0;
+    });
+  }
+}
+
 template <class Optim>
 std::vector<std::vector<float>> host_reference(const gradient_plan& plan, std::size_t towers, std::size_t examples,
                                                const typename Optim::hyper_parameters& h,
@@ -53,16 +88,7 @@ std::vector<std::vector<float>> host_reference(const gradient_plan& plan, std::s
   using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
   trainer p(test_variables, test_inputs, towers, h);
   for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
-  const std::vector<float> x(examples, 1.0f);
-  batch b;
-  b.add("x", x.data(), examples, {1});
-  for (const auto& step : plan) {
-    p.step(b, [&](typename trainer::tower_context& tower) {
-      for (std::size_t v = 0; v < test_variables.count(); ++v)
-        tower.write_gradient(v, step[tower.tower()][v].data(), step[tower.tower()][v].size());
-      return 0.0;
-    });
-  }
+  run_plan(p, plan, 0, plan.size(), examples);
   std::vector<std::vector<float>> result;
   for (std::size_t v = 0; v < test_variables.count(); ++v) result.emplace_back(p.parameter(v).begin(), p.parameter(v).end());
   return result;
@@ -89,25 +115,14 @@ void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h
   using trainer = pipeline<exec::cuda, Reduce, Optim, Layout>;
   trainer p(test_variables, test_inputs, towers, h);
   for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
-  const std::vector<float> x(examples, 1.0f);
-  batch b;
-  b.add("x", x.data(), examples, {1});
   auto& space = p.execution_space();
-  for (const auto& step : plan) {
+  for (std::size_t s = 0; s < plan.size(); ++s) {
     for (std::size_t t = 1; t < towers; ++t) {
       for (std::size_t v = 0; v < test_variables.count(); ++v)
         TOWERPIPE_CUDA_CHECK(cudaMemset(space.replica(t).data(v), 0xFF, space.replica(t).view(v).size() * sizeof(float)));  // NaN
     }
     REQUIRE_CUDA(cudaDeviceSynchronize());  // the towers' non-blocking streams do not wait for the default stream
-    p.step(b, [&](typename trainer::tower_context& tower) {
-      for (std::size_t v = 0; v < test_variables.count(); ++v) {
-        const std::vector<float>& g = step[tower.tower()][v];
-        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.gradient(v).data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
-                                     tower.stream()));
-      }
-      TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));  // g lives on the host stack of this test
-      return 0.0;
-    });
+    run_plan(p, plan, s, s + 1, examples);
   }
   for (std::size_t t = 0; t < towers; ++t) {
     INFO("replica " << t);
@@ -367,4 +382,57 @@ TEST_CASE("device backends time reduce and broadcast on the device, inside the s
 
 TEST_CASE("p2p_tree with two towers writes both replicas in the root's pass: no broadcast left", "[gpu][staging]") {
   CHECK(one_step<reduce::p2p_tree>(2).stages.broadcast == 0);
+}
+
+namespace {
+
+// Host steps [0, 4), a checkpoint into a GPU pipeline with `Reduce` (other layout), steps [4, 8) there,
+// a checkpoint back into a host pipeline, steps [8, 10): parameters and state bitwise those of 10 host
+// steps without a break.
+template <class Reduce>
+void check_checkpoint_through_gpu(std::uint64_t salt) {
+  using host_trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<float>>;
+  using gpu_trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::per_variable<float>>;
+  random_source random(salt);
+  INFO(Reduce::name << ", seed " << random.seed());
+  const std::size_t towers = 3, examples = 8;
+  const gradient_plan plan = draw_plan(random, towers, 10);
+  optim::adam::hyper_parameters h;
+  h.lr = 0.01;
+  h.weight_decay = 0.1;
+  const std::string path = "towerpipe_gpu_checkpoint_" + std::string(Reduce::name) + ".ckpt";
+
+  host_trainer uninterrupted(test_variables, test_inputs, towers, h), first(test_variables, test_inputs, towers, h),
+      last(test_variables, test_inputs, towers, h);
+  for (std::size_t v = 0; v < test_variables.count(); ++v) {
+    const std::vector<float> initial = random.normal(test_variables[v].size);
+    uninterrupted.set_parameter(v, initial.data(), initial.size());
+    first.set_parameter(v, initial.data(), initial.size());
+  }
+  run_plan(uninterrupted, plan, 0, 10, examples);
+  run_plan(first, plan, 0, 4, examples);
+  save_checkpoint(first, path);
+  gpu_trainer middle(test_variables, test_inputs, towers, h);
+  load_checkpoint(middle, path);
+  run_plan(middle, plan, 4, 8, examples);
+  save_checkpoint(middle, path);
+  load_checkpoint(last, path);
+  run_plan(last, plan, 8, 10, examples);
+  std::remove(path.c_str());
+
+  CHECK(last.steps_done() == 10);
+  for (std::size_t v = 0; v < test_variables.count(); ++v) {
+    INFO("variable " << test_variables[v].name);
+    CHECK(first_bitwise_difference(last.parameter(v), uninterrupted.parameter(v)) == -1);
+    for (std::size_t slot = 0; slot < uninterrupted.optimizer_state_slots(); ++slot)
+      CHECK(first_bitwise_difference(last.optimizer_state(slot, v), uninterrupted.optimizer_state(slot, v)) == -1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint moves between the host and every GPU backend, and the run resumes bitwise", "[gpu][checkpoint]") {
+  check_checkpoint_through_gpu<reduce::device0>(700);
+  check_checkpoint_through_gpu<reduce::p2p_tree>(800);
+  check_checkpoint_through_gpu<reduce::host>(900);
 }
