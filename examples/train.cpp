@@ -272,7 +272,8 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
 
   double accuracy = first_epoch > 0 ? test_accuracy(p, model, data.test) : 0.0;
   double total_seconds = 0, slowest_step = 0, fastest_step = 1e30;
-  std::size_t total_examples = 0;
+  std::size_t total_examples = 0, total_steps = 0;
+  stage_seconds stage_totals;
   for (std::size_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
     std::vector<std::size_t> order(data.train.examples());
     std::iota(order.begin(), order.end(), 0);
@@ -283,6 +284,11 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
     for (std::size_t b = 0; b < batches_per_epoch; ++b) {
       if (b + 1 < batches_per_epoch) stage_batch(order, b + 1, static_cast<int>((b + 1) % 2));
       const step_stats stats = p.step(tower_step);
+      ++total_steps;
+      stage_totals.split += stats.stages.split;
+      stage_totals.towers += stats.stages.towers;
+      stage_totals.reduce += stats.stages.reduce;
+      stage_totals.broadcast += stats.stages.broadcast;
       epoch_fastest = std::min(epoch_fastest, stats.seconds);
       epoch_slowest = std::max(epoch_slowest, stats.seconds);
       if (stats.step % static_cast<std::int64_t>(o.log_every) == 0)
@@ -313,6 +319,12 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
               accuracy, o.epochs, total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0,
               total_examples > 0 ? slowest_step / fastest_step : 0.0,
               static_cast<unsigned long long>(parameter_checksum(p)));
+  if (total_steps > 0) {
+    const double per_step_ms = 1e3 / static_cast<double>(total_steps);
+    std::printf("stages, mean per step: split %.3f ms, towers %.3f ms, reduce %.3f ms, broadcast %.3f ms\n",
+                stage_totals.split * per_step_ms, stage_totals.towers * per_step_ms, stage_totals.reduce * per_step_ms,
+                stage_totals.broadcast * per_step_ms);
+  }
   return 0;
 }
 

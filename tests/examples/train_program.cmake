@@ -28,6 +28,12 @@ final_field("${out}" "final: test accuracy ([0-9.]+)%" last)
 if(last LESS 60 OR last LESS first)
   message(FATAL_ERROR "accuracy ${first}% -> ${last}%: not learning\n${out}")
 endif()
+# The summary says where a step's time went.
+final_field("${out}" "stages, mean per step: split [0-9.]+ ms, towers ([0-9.]+) ms" towers_ms)
+final_field("${out}" "stages, mean per step: .* reduce ([0-9.]+) ms" reduce_ms)
+if(NOT towers_ms GREATER 0 OR NOT reduce_ms GREATER 0)
+  message(FATAL_ERROR "stage times not reported:\n${out}")
+endif()
 
 # Every optimizer and layout runs.
 foreach(optimizer sgd momentum adam adamw)
