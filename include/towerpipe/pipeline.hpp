@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -156,6 +157,7 @@ class pipeline {
     examples.check_against(inputs_);
     const std::int64_t consuming_step = steps_done_ + static_cast<std::int64_t>(towers_->staged()) + 1;
     towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
+    staging_seconds_.push_back(seconds_since(start));
     trace("split", "check + split + stage", start, consuming_step);
   }
 
@@ -165,7 +167,6 @@ class pipeline {
     stage(examples);
     const double staging = seconds_since(start);
     step_stats stats = step(fn);
-    stats.stages.split += staging;
     stats.seconds += staging;
     stats.examples_per_second = static_cast<double>(stats.examples) / stats.seconds;
     return stats;
@@ -179,6 +180,8 @@ class pipeline {
     step_stats stats;
     const auto start = clock::now();
     const std::vector<shard> shards = towers_->next_shards();  // a copy: run() consumes the staged batch
+    stats.stages.split = staging_seconds_.front();  // when the batch was staged, maybe during the last step
+    staging_seconds_.pop_front();
     std::vector<value_type> weights(shards.size());
     for (std::size_t i = 0; i < shards.size(); ++i) {
       weights[i] = static_cast<value_type>(shards[i].weight);
@@ -229,6 +232,7 @@ class pipeline {
   hyper_parameters hyper_parameters_;
   std::unique_ptr<towers_type> towers_;
   std::unique_ptr<reducer_type> reducer_;
+  std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;
 };
 

@@ -12,7 +12,8 @@ namespace towerpipe {
 // (from the last tower's gradients being ready; kernel launches included), host clock times for
 // reduce::host.
 struct stage_seconds {
-  double split = 0;      // validating the batch and cutting it into shards (and, on GPUs, staging them)
+  double split = 0;      // validating this step's batch and cutting it into shards (on GPUs, staging them),
+                         // timed when stage() ran, which may have been during the step before
   double towers = 0;     // the tower functions, from the first start to the last end
   double reduce = 0;     // average + optimizer (fused with the broadcast for device0)
   double broadcast = 0;  // new parameters to the towers' replicas: p2p_tree's pulls down the tree, reduce::host's

@@ -98,6 +98,7 @@ TEST_CASE("a step reports losses, examples and its stages", "[pipeline]") {
   CHECK(stats.loss == Approx(1.3).epsilon(1e-12));
   CHECK(stats.seconds > 0);
   CHECK(stats.examples_per_second > 0);
+  CHECK(stats.stages.split > 0);
   CHECK(stats.stages.towers >= 0);
   CHECK(stats.stages.reduce >= 0);
   CHECK(stats.stages.split + stats.stages.towers + stats.stages.reduce <= stats.seconds);
@@ -269,7 +270,7 @@ TEST_CASE("staged batches are stepped in order, at most two wait, a failed step 
   p.stage(b1);
   p.stage(b2);
   CHECK_THROWS_WITH(p.stage(b3), Catch::Contains("two batches are staged already"));
-  p.step(record);
+  CHECK(p.step(record).stages.split > 0);  // stage(b1)'s time, reported by the step that used b1
   p.step(b3, record);  // stages b3 behind b2, runs b2
   CHECK_THROWS_AS(p.step([](trainer::tower_context&) -> double { throw std::runtime_error("boom"); }), towerpipe::error);
   CHECK(p.steps_done() == 2);
