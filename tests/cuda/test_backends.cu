@@ -171,6 +171,26 @@ TEST_CASE("reduce::host with GPU towers equals the host pipeline bitwise (per_va
 namespace {
 using small_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, layout::flat<float>>;
 const variable_set small_variables{{"w", {16}}};
+
+// What the small tests' towers compute: a zero gradient for "w", on the tower's stream.
+template <class Context>
+double write_zero_gradient(Context& tower) {
+  TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+  return 0.0;
+}
+
+// `steps` steps of write_zero_gradient with `towers` towers and `Reduce`; returns the last step's stats.
+template <class Reduce>
+step_stats zero_gradient_steps(std::size_t towers, int steps, const pipeline_options& options = {}) {
+  using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
+  trainer p(small_variables, test_inputs, towers, optim::adam::hyper_parameters{}, options);
+  const std::vector<float> x(2 * towers, 1.0f);
+  batch b;
+  b.add("x", x.data(), x.size(), {1});
+  step_stats last;
+  for (int s = 0; s < steps; ++s) last = p.step(b, write_zero_gradient<typename trainer::tower_context>);
+  return last;
+}
 }  // namespace
 
 TEST_CASE("shards reach their towers: row- and column-major, staged ahead, in order", "[gpu][staging]") {
@@ -201,8 +221,7 @@ TEST_CASE("shards reach their towers: row- and column-major, staged ahead, in or
     TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(cols_seen[tower.tower()].data(), c.data(), cols_seen[tower.tower()].size() * 4,
                                  cudaMemcpyDeviceToHost, tower.stream()));
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
-    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
-    return 0.0;
+    return write_zero_gradient(tower);
   };
   const auto check_seen = [&](int offset) {
     const std::size_t firsts[] = {0, 3, 5}, counts[] = {3, 2, 2};
@@ -238,7 +257,7 @@ TEST_CASE("a tower function returning nothing reports its loss through device_lo
     const float loss = 1.5f + static_cast<float>(tower.tower());
     TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.device_loss(), &loss, sizeof loss, cudaMemcpyHostToDevice, tower.stream()));
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
-    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+    write_zero_gradient(tower);
   });
   CHECK(stats.tower_loss == std::vector<double>{1.5, 2.5});
   CHECK(stats.loss == Approx(2.0));
@@ -257,10 +276,7 @@ TEST_CASE("bad towers and devices are clear errors; parameters stay and the pipe
   p.set_parameter(0, initial.data(), initial.size());
   batch b;
   b.add("x", x.data(), 4, {1});
-  const auto good = [](small_trainer::tower_context& tower) {
-    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
-    return 0.0;
-  };
+  const auto good = write_zero_gradient<small_trainer::tower_context>;
   CHECK_THROWS_WITH(p.step(b, [](small_trainer::tower_context&) { return 0.0; }),
                     Catch::Contains("tower 0 did not write the gradient of variable 'w'"));
   CHECK_THROWS_WITH(p.step(b, [&](small_trainer::tower_context& tower) -> double {
@@ -282,20 +298,10 @@ namespace {
 // Runs 3 steps of `towers` towers with a timeline; returns its spans.
 template <class Reduce>
 std::vector<timeline::span> traced_steps(std::size_t towers) {
-  using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
   timeline trace;
   pipeline_options options;
   options.trace = &trace;
-  trainer p(small_variables, test_inputs, towers, optim::adam::hyper_parameters{}, options);
-  const std::vector<float> x(2 * towers, 1.0f);
-  batch b;
-  b.add("x", x.data(), x.size(), {1});
-  for (int s = 0; s < 3; ++s) {
-    p.step(b, [](typename trainer::tower_context& tower) {
-      TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
-      return 0.0;
-    });
-  }
+  zero_gradient_steps<Reduce>(towers, 3, options);
   return trace.spans();
 }
 
@@ -352,19 +358,10 @@ TEST_CASE("the timeline shows p2p_tree's edges and pulls on the towers' rows", "
 
 namespace {
 
+// The second of two steps (the first warms up).
 template <class Reduce>
 step_stats one_step(std::size_t towers) {
-  using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
-  trainer p(small_variables, test_inputs, towers, optim::adam::hyper_parameters{});
-  const std::vector<float> x(towers, 1.0f);
-  batch b;
-  b.add("x", x.data(), x.size(), {1});
-  const auto zero_gradients = [](typename trainer::tower_context& tower) {
-    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
-    return 0.0;
-  };
-  p.step(b, zero_gradients);  // warm-up
-  return p.step(b, zero_gradients);
+  return zero_gradient_steps<Reduce>(towers, 2);
 }
 
 }  // namespace
