@@ -1,5 +1,6 @@
 #pragma once
-// Compiler and platform switches shared by every header.
+// Compiler and platform switches shared by every header, and the library's version (the one place it
+// is written: CMakeLists.txt reads it from here).
 
 #define TOWERPIPE_VERSION_MAJOR 0
 #define TOWERPIPE_VERSION_MINOR 1
@@ -10,13 +11,6 @@
 #define TOWERPIPE_HOST_DEVICE __host__ __device__
 #else
 #define TOWERPIPE_HOST_DEVICE
-#endif
-
-// True while compiling device code (nvcc's device pass), false in host passes and plain C++ compilers.
-#if defined(__CUDA_ARCH__)
-#define TOWERPIPE_DEVICE_PASS() 1
-#else
-#define TOWERPIPE_DEVICE_PASS() 0
 #endif
 
 // True when the translation unit is compiled by nvcc and may use the CUDA runtime and device backends.

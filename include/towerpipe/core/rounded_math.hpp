@@ -1,40 +1,54 @@
 #pragma once
-// Arithmetic with one rounding per operation, identical on host and device.
+// Arithmetic with one rounding per operation, identical on host and device, for float and double.
 //
 // Bitwise-equal results across backends (DESIGN.md §2, invariant 2) need every add and multiply to be
-// rounded separately: no fused multiply-add. On the device the _rn intrinsics are never contracted; on
-// the host the towerpipe target compiles with -ffp-contract=off so that a*b+c stays two roundings.
+// rounded separately: no fused multiply-add. On the device the __f*_rn / __d*_rn intrinsics are never
+// contracted; on the host these functions live in an exact-arithmetic region (core/exact_arithmetic.hpp)
+// that keeps the compiler from fusing them, whatever the user's flags.
 
 #include <cmath>
 
 #include "towerpipe/core/config.hpp"
+#include "towerpipe/core/exact_arithmetic.hpp"
 
+#if defined(__CUDACC__)
+#include <nv/target>
+// The device intrinsic on the device, the plain operation on the host.
+#define TOWERPIPE_DEVICE_OR_HOST(device_expression, host_expression) \
+  NV_IF_TARGET(NV_IS_DEVICE, (return device_expression;), (return host_expression;))
+#else
+#define TOWERPIPE_DEVICE_OR_HOST(device_expression, host_expression) return host_expression;
+#endif
+
+// On the host, sqrt is the compiler's builtin: a std::sqrt from outside the exact-arithmetic region
+// would not be inlined into it (see core/exact_arithmetic.hpp) and would cost a call per element.
+#if defined(__GNUC__)
+#define TOWERPIPE_HOST_SQRTF(a) __builtin_sqrtf(a)
+#define TOWERPIPE_HOST_SQRT(a) __builtin_sqrt(a)
+#else
+#define TOWERPIPE_HOST_SQRTF(a) std::sqrt(a)
+#define TOWERPIPE_HOST_SQRT(a) std::sqrt(a)
+#endif
+
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 namespace detail {
 
-#if TOWERPIPE_DEVICE_PASS()
-TOWERPIPE_HOST_DEVICE inline float rounded_add(float a, float b) { return __fadd_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline float rounded_sub(float a, float b) { return __fsub_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline float rounded_mul(float a, float b) { return __fmul_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline float rounded_div(float a, float b) { return __fdiv_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline float rounded_sqrt(float a) { return __fsqrt_rn(a); }
-TOWERPIPE_HOST_DEVICE inline double rounded_add(double a, double b) { return __dadd_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline double rounded_sub(double a, double b) { return __dsub_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline double rounded_mul(double a, double b) { return __dmul_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline double rounded_div(double a, double b) { return __ddiv_rn(a, b); }
-TOWERPIPE_HOST_DEVICE inline double rounded_sqrt(double a) { return __dsqrt_rn(a); }
-#else
-template <class T>
-TOWERPIPE_HOST_DEVICE inline T rounded_add(T a, T b) { return a + b; }
-template <class T>
-TOWERPIPE_HOST_DEVICE inline T rounded_sub(T a, T b) { return a - b; }
-template <class T>
-TOWERPIPE_HOST_DEVICE inline T rounded_mul(T a, T b) { return a * b; }
-template <class T>
-TOWERPIPE_HOST_DEVICE inline T rounded_div(T a, T b) { return a / b; }
-template <class T>
-TOWERPIPE_HOST_DEVICE inline T rounded_sqrt(T a) { return std::sqrt(a); }
-#endif
+TOWERPIPE_HOST_DEVICE inline float rounded_add(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fadd_rn(a, b), a + b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_sub(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fsub_rn(a, b), a - b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_mul(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fmul_rn(a, b), a * b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_div(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fdiv_rn(a, b), a / b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_sqrt(float a) { TOWERPIPE_DEVICE_OR_HOST(__fsqrt_rn(a), TOWERPIPE_HOST_SQRTF(a)) }
+TOWERPIPE_HOST_DEVICE inline double rounded_add(double a, double b) { TOWERPIPE_DEVICE_OR_HOST(__dadd_rn(a, b), a + b) }
+TOWERPIPE_HOST_DEVICE inline double rounded_sub(double a, double b) { TOWERPIPE_DEVICE_OR_HOST(__dsub_rn(a, b), a - b) }
+TOWERPIPE_HOST_DEVICE inline double rounded_mul(double a, double b) { TOWERPIPE_DEVICE_OR_HOST(__dmul_rn(a, b), a * b) }
+TOWERPIPE_HOST_DEVICE inline double rounded_div(double a, double b) { TOWERPIPE_DEVICE_OR_HOST(__ddiv_rn(a, b), a / b) }
+TOWERPIPE_HOST_DEVICE inline double rounded_sqrt(double a) { TOWERPIPE_DEVICE_OR_HOST(__dsqrt_rn(a), TOWERPIPE_HOST_SQRT(a)) }
 
 }  // namespace detail
 }  // namespace towerpipe
+TOWERPIPE_EXACT_ARITHMETIC_END
+
+#undef TOWERPIPE_DEVICE_OR_HOST
+#undef TOWERPIPE_HOST_SQRTF
+#undef TOWERPIPE_HOST_SQRT

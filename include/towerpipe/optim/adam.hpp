@@ -18,9 +18,11 @@
 #include <cstdint>
 
 #include "towerpipe/core/config.hpp"
+#include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/rounded_math.hpp"
 #include "towerpipe/optim/hyper_parameter_checks.hpp"
 
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 namespace optim {
 namespace detail {
@@ -96,3 +98,4 @@ using adam = detail::adam_family<false>;
 
 }  // namespace optim
 }  // namespace towerpipe
+TOWERPIPE_EXACT_ARITHMETIC_END

@@ -22,9 +22,11 @@
 #include <cstdint>
 
 #include "towerpipe/core/config.hpp"
+#include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/rounded_math.hpp"
 #include "towerpipe/optim/hyper_parameter_checks.hpp"
 
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 namespace optim {
 
@@ -80,3 +82,4 @@ struct sgd {
 
 }  // namespace optim
 }  // namespace towerpipe
+TOWERPIPE_EXACT_ARITHMETIC_END

@@ -15,8 +15,10 @@
 #include <type_traits>
 
 #include "towerpipe/core/config.hpp"
+#include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/rounded_math.hpp"
 
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 
 // Scratch slots canonical_tree_reduce needs for n towers: bit_width(n - 1) + 1.
@@ -77,3 +79,4 @@ TOWERPIPE_HOST_DEVICE T canonical_sum(int towers, Value&& value) {
 }
 
 }  // namespace towerpipe
+TOWERPIPE_EXACT_ARITHMETIC_END
