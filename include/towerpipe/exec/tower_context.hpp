@@ -1,9 +1,22 @@
 #pragma once
 // What every tower function sees, whatever the execution space: its index, its shard of the batch and
-// weight, the parameters, and its gradient buffers, into which it writes the MEAN gradient over its
-// shard. Every variable's gradient must be written each step, through gradient(i) (a writable view,
-// which counts as written) or the execution space's write_gradient(i, values, count). Views point into
-// the execution space's memory: host memory for exec::host, the tower's device for exec::cuda.
+// weight, the parameters, and its gradient buffers. Views point into the execution space's memory: host
+// memory for exec::host, the tower's device for exec::cuda.
+//
+// The gradient contract. Each step the tower writes the MEAN gradient over its shard of every variable,
+// every element of it, through one of:
+//   gradient(v)        a writable view whose contents on entry are unspecified (in practice the last
+//                      step's values): write every element. Costs nothing.
+//   zeroed_gradient(v) the same view after it has been set to zero (on the tower's thread, or on its
+//                      stream for GPU towers): for code that accumulates, e.g. += per example. Costs one
+//                      pass over the variable's gradient (4 bytes an element for float), paid only by
+//                      the variables it is called for.
+//   write_gradient(v, values, count)  copies a whole gradient from elsewhere.
+// Calling any of them marks the variable as written; a variable none of them was called for fails the
+// step, naming the tower and the variable. An element left unwritten after gradient(v) cannot be seen
+// by the library in general: pipeline_options::poison_gradients (a debug option) fills the buffers with a
+// signalling-NaN pattern before the tower runs and fails the step on any element that still holds it,
+// naming tower, variable and element.
 
 #include <cstddef>
 #include <string>
@@ -16,8 +29,11 @@
 #include "towerpipe/layout/batch.hpp"
 
 namespace towerpipe {
+namespace detail {
 
-template <class Buffer, class T>
+// The part of a tower context every execution space shares. Derived provides fill_zero(T*, count) and
+// copy_into(T* target, const T* source, count) in its own memory space.
+template <class Derived, class Buffer, class T>
 class tower_context_base {
  public:
   using value_type = T;
@@ -37,12 +53,34 @@ class tower_context_base {
   }
   tensor_view<const T> parameter(const std::string& name) const { return parameter(variables().index_of(name)); }
 
+  // Write-only: see the gradient contract at the top of this header.
   tensor_view<T> gradient(std::size_t index) {
-    variables().check_index(index);
-    (*written_)[index] = 1;
+    mark_written(index);
     return gradients_->view(index);
   }
   tensor_view<T> gradient(const std::string& name) { return gradient(variables().index_of(name)); }
+
+  // Zero-filled before it is returned, for accumulating code.
+  tensor_view<T> zeroed_gradient(std::size_t index) {
+    const tensor_view<T> view = gradient(index);
+    self().fill_zero(view.data(), view.size());
+    return view;
+  }
+  tensor_view<T> zeroed_gradient(const std::string& name) { return zeroed_gradient(variables().index_of(name)); }
+
+  // Copies the whole gradient of a variable (count must be its element count) from `values`, which lie
+  // where the execution space's memory is (host memory for exec::host; device memory for exec::cuda).
+  void write_gradient(std::size_t index, const T* values, std::size_t count) {
+    variables().check_index(index);
+    const variable& v = variables()[index];
+    if (count != v.size)
+      fail("gradient of variable '", v.name, "' written with ", count, " elements; its shape ", to_string(v.shape),
+           " holds ", v.size);
+    self().copy_into(gradient(index).data(), values, count);
+  }
+  void write_gradient(const std::string& name, const T* values, std::size_t count) {
+    write_gradient(variables().index_of(name), values, count);
+  }
 
  protected:
   tower_context_base(std::size_t tower, std::size_t towers, towerpipe::batch shard, double weight,
@@ -55,18 +93,13 @@ class tower_context_base {
         gradients_(gradients),
         written_(written) {}
 
-  // Checks a whole-variable gradient write and marks it; returns where it goes.
-  T* gradient_destination(std::size_t index, std::size_t count) {
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+  void mark_written(std::size_t index) {
     variables().check_index(index);
-    const variable& v = variables()[index];
-    if (count != v.size)
-      detail::fail("gradient of variable '", v.name, "' written with ", count, " elements; its shape ",
-                   to_string(v.shape), " holds ", v.size);
     (*written_)[index] = 1;
-    return gradients_->data(index);
   }
 
- private:
   std::size_t tower_, towers_;
   towerpipe::batch shard_;
   double weight_;
@@ -75,4 +108,5 @@ class tower_context_base {
   std::vector<char>* written_;
 };
 
+}  // namespace detail
 }  // namespace towerpipe

@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <type_traits>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,13 @@ inline const char* to_string(dtype type) {
   }
   return "unknown dtype";
 }
+
+namespace detail {
+// The element type of a contiguous range (anything with std::data and std::size), for SFINAE.
+template <class Range>
+using contiguous_range_element =
+    std::remove_const_t<std::remove_pointer_t<decltype(std::data(std::declval<const Range&>()))>>;
+}  // namespace detail
 
 template <class T>
 struct dtype_of {
@@ -160,13 +170,37 @@ class batch_input {
   std::size_t example_stride_ = 0, feature_stride_ = 0;
 };
 
-// The named inputs of one step (or one tower's shard of it). Non-owning: the memory stays the caller's.
+// The named inputs of one step (or one tower's shard of it). Non-owning: the memory stays the caller's
+// and must stay valid (and unchanged) until the step that uses the batch has run.
 class batch {
  public:
+  // `examples` examples of `example_shape` at `data`.
   template <class T>
   batch& add(const std::string& name, const T* data, std::size_t examples, const towerpipe::shape& example_shape,
              storage_order order = storage_order::row_major) {
     return add(batch_input(name, data, examples, example_shape, order));
+  }
+  // A contiguous range (std::vector, std::array, std::span, ...) of whole examples of `example_shape`;
+  // the example count is its size divided by the elements of one example.
+  template <class Range, class = detail::contiguous_range_element<Range>>
+  batch& add(const std::string& name, const Range& values, const towerpipe::shape& example_shape,
+             storage_order order = storage_order::row_major) {
+    const std::size_t per_example = element_count(example_shape);
+    const std::size_t size = std::size(values);
+    if (per_example == 0 || size % per_example != 0)
+      detail::fail("batch input '", name, "': ", size, " values are not a whole number of examples of shape ",
+                   to_string(example_shape), " (", per_example, " values each)");
+    return add(name, std::data(values), size / per_example, example_shape, order);
+  }
+  // The same with the example count given, checked against the range's size.
+  template <class Range, class = detail::contiguous_range_element<Range>>
+  batch& add(const std::string& name, const Range& values, std::size_t examples, const towerpipe::shape& example_shape,
+             storage_order order = storage_order::row_major) {
+    const std::size_t needed = examples * element_count(example_shape);
+    if (std::size(values) != needed)
+      detail::fail("batch input '", name, "': ", examples, " examples of shape ", to_string(example_shape), " need ",
+                   needed, " values, the range holds ", std::size(values));
+    return add(name, std::data(values), examples, example_shape, order);
   }
   batch& add(batch_input input) {
     if (find(input.name()) != nullptr) detail::fail("batch input '", input.name(), "' added twice");
