@@ -101,7 +101,7 @@ template <class Reduce, class Optim, class Layout>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
              const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o, const floors& f,
              json_rows& out) {
-  using towers_type = cuda_towers<Layout>;
+  using towers_type = exec::cuda::towers<Layout>;
   using reducer_type = typename reducer_for<exec::cuda, Reduce, Optim, Layout>::type;
   constexpr bool host_backend = std::is_same_v<Reduce, reduce::host>;
   const double parameters = static_cast<double>(variables.total_size());

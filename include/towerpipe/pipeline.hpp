@@ -32,9 +32,12 @@
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/layout/batch.hpp"
 #include "towerpipe/pipeline_options.hpp"
+#include "towerpipe/exec/towers_contract.hpp"
+#include "towerpipe/reduce/reducer_contract.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
+#include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {
 
@@ -63,12 +66,15 @@ class pipeline {
   using towers_type = typename Exec::template towers<Layout>;
   using reducer_type = typename reducer_for<Exec, Reduce, Optim, Layout>::type;
   using tower_context = typename towers_type::context;
+  static_assert(detail::check_towers_contract<towers_type>());
+  static_assert(detail::check_reducer_contract<reducer_type, towers_type, Optim, value_type>());
 
   pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
            const pipeline_options& options = {})
       : variables_(std::make_unique<variable_set>(std::move(variables))),
         inputs_(std::move(inputs)),
         options_(options),
+        tracer_(options.trace),
         hyper_parameters_(checked(h)) {
     if (towers == 0) detail::fail("a pipeline needs at least one tower");
     if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
@@ -84,8 +90,8 @@ class pipeline {
   std::size_t towers() const { return towers_->towers(); }
   std::int64_t steps_done() const { return steps_done_; }
 
-  // The towers themselves (replicas, gradients, streams), for tests and for users who need more than
-  // the step interface.
+  // The towers themselves (exec/towers_contract.hpp: replicas, gradients, streams), for users who need
+  // more than the step interface (a GPU tower's stream between steps, say).
   towers_type& execution_space() { return *towers_; }
 
   const hyper_parameters& hyper() const { return hyper_parameters_; }
@@ -113,7 +119,7 @@ class pipeline {
       detail::fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ",
                    v.size);
     towers_->set_parameter(index, values);
-    reducer_->parameter_set(index, values);
+    if constexpr (detail::reducer_has_parameter_set<reducer_type>::value) reducer_->parameter_set(index, values);
   }
   void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
     set_parameter(variables_->index_of(name), values, count);
@@ -158,7 +164,7 @@ class pipeline {
     const std::int64_t consuming_step = steps_done_ + static_cast<std::int64_t>(towers_->staged()) + 1;
     towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
     staging_seconds_.push_back(seconds_since(start));
-    trace("split", "check + split + stage", start, consuming_step);
+    tracer_.span("check + split + stage", start, clock::now(), consuming_step, "split");
   }
 
   template <class TowerFn>
@@ -194,8 +200,8 @@ class pipeline {
     const auto reduce_start = clock::now();
     const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
     reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
-    trace("reduce", "average + apply + broadcast", reduce_start, steps_done_ + 1);
-    towers_->record_device_spans(steps_done_ + 1);
+    tracer_.span("average + apply + broadcast", reduce_start, clock::now(), steps_done_ + 1, "reduce");
+    if constexpr (detail::towers_has_finish_step<towers_type>::value) towers_->finish_step(steps_done_ + 1);
 
     ++steps_done_;
     stats.step = steps_done_;
@@ -208,11 +214,6 @@ class pipeline {
   using clock = std::chrono::steady_clock;
   static double seconds_since(clock::time_point start) {
     return std::chrono::duration<double>(clock::now() - start).count();
-  }
-
-  // Records the span [start, now) of a pipeline stage, when a timeline is attached.
-  void trace(const char* row, const char* name, clock::time_point start, std::int64_t step) const {
-    if (options_.trace != nullptr) options_.trace->record(row, name, start, clock::now(), step);
   }
 
   void check_state_slot(std::size_t slot, std::size_t index) const {
@@ -229,6 +230,7 @@ class pipeline {
   std::unique_ptr<variable_set> variables_;  // on the heap: buffers keep a pointer to it
   std::vector<input_spec> inputs_;
   pipeline_options options_;
+  detail::tracer tracer_;
   hyper_parameters hyper_parameters_;
   std::unique_ptr<towers_type> towers_;
   std::unique_ptr<reducer_type> reducer_;

@@ -47,7 +47,7 @@ foreach(case "--towers;x|--towers needs a positive whole number"
              "--towers;0|--towers needs a positive whole number"
              "--optimizer;rmsprop|--optimizer 'rmsprop' is not one of"
              "--layout;dense|--layout 'dense' is not one of"
-             "--backend;device0|needs GPU towers"
+             "--backend;device0;--cpu-towers|needs GPU towers"  # invalid with or without a GPU
              "--lr;-1|--lr needs a positive number"
              "--frobnicate;1|unknown flag --frobnicate"
              "--resume|--resume needs --checkpoint"

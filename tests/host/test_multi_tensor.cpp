@@ -1,15 +1,18 @@
-// The device reductions' per-element programs (reduce/multi_tensor.hpp), run on the host over the same
+// The device reductions' per-element programs (reduce/agents.hpp), run on the host over the same
 // chunk and pointer tables the kernels use: they must cover every element once and give bitwise the
 // host pipeline's parameters — reduce::device0 as one fused pass, reduce::p2p_tree as tree edges, a
 // fused root that also writes its children's replicas, and copies further down the tree.
-#include <towerpipe/reduce/multi_tensor.hpp>
+#include <towerpipe/reduce/agents.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
 
+#include "agent_emulation.hpp"
 #include "test_support.hpp"
 
 using namespace towerpipe;
+using namespace towerpipe::detail;
+using towerpipe_tests::run_agent_on_host;
 using towerpipe_tests::bits_of;
 using towerpipe_tests::first_bitwise_difference;
 using towerpipe_tests::random_source;

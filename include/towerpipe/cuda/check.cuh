@@ -6,8 +6,13 @@
 #include <cuda_runtime.h>
 
 #include "towerpipe/core/error.hpp"
+#include "towerpipe/core/log.hpp"
 
 #define TOWERPIPE_CUDA_CHECK(call) ::towerpipe::detail::check_cuda((call), #call, __FILE__, __LINE__)
+// For calls that must not throw (destructors: cudaFree, cudaStreamDestroy, ...): a failure is cleared, so
+// that it is never blamed on a later call (a tower's launch check, say), and reported as a warning
+// through the log sink (core/log.hpp).
+#define TOWERPIPE_CUDA_RELEASE(call) ::towerpipe::detail::release_cuda((call), #call, __FILE__, __LINE__)
 
 namespace towerpipe {
 namespace detail {
@@ -18,6 +23,15 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
   const bool sticky = cudaPeekAtLastError() != cudaSuccess;
   fail(call, " failed at ", file, ":", line, ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")",
        sticky ? "; the CUDA context is unusable from now on" : "");
+}
+
+inline void release_cuda(cudaError_t status, const char* call, const char* file, int line) noexcept {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  try {
+    log_warning(make_message(call, " failed at ", file, ":", line, ": ", cudaGetErrorName(status), " (cleared)"));
+  } catch (...) {  // a destructor must not throw, not even for a log line
+  }
 }
 
 }  // namespace detail

@@ -30,7 +30,7 @@ class device_guard {
     TOWERPIPE_CUDA_CHECK(cudaGetDevice(&previous_));
     if (device != previous_) TOWERPIPE_CUDA_CHECK(cudaSetDevice(device));
   }
-  ~device_guard() { cudaSetDevice(previous_); }
+  ~device_guard() { TOWERPIPE_CUDA_RELEASE(cudaSetDevice(previous_)); }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
 
@@ -47,7 +47,7 @@ class cuda_stream {
   ~cuda_stream() {
     if (stream_ == nullptr) return;
     device_guard on(device_);
-    cudaStreamDestroy(stream_);
+    TOWERPIPE_CUDA_RELEASE(cudaStreamDestroy(stream_));
   }
   cuda_stream(cuda_stream&& other) noexcept
       : device_(other.device_), stream_(std::exchange(other.stream_, nullptr)) {}
@@ -71,7 +71,7 @@ class cuda_event {
   ~cuda_event() {
     if (event_ == nullptr) return;
     device_guard on(device_);
-    cudaEventDestroy(event_);
+    TOWERPIPE_CUDA_RELEASE(cudaEventDestroy(event_));
   }
   cuda_event(cuda_event&& other) noexcept : device_(other.device_), event_(std::exchange(other.event_, nullptr)) {}
   cuda_event& operator=(cuda_event&&) = delete;

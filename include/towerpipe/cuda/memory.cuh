@@ -37,7 +37,7 @@ struct cuda_device_memory {
     int device;
     void operator()(void* pointer) const {
       detail::device_guard on(device);
-      cudaFree(pointer);
+      TOWERPIPE_CUDA_RELEASE(cudaFree(pointer));
     }
   };
   template <class T>
@@ -64,7 +64,7 @@ struct cuda_device_memory {
 
 struct cuda_pinned_memory {
   struct free_pinned {
-    void operator()(void* pointer) const { cudaFreeHost(pointer); }
+    void operator()(void* pointer) const { TOWERPIPE_CUDA_RELEASE(cudaFreeHost(pointer)); }
   };
   template <class T>
   using owner = std::unique_ptr<T[], free_pinned>;

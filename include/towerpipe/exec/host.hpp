@@ -13,9 +13,11 @@
 #include <exception>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
+#include "towerpipe/core/gradient_poison.hpp"
 #include "towerpipe/core/host_memory.hpp"
 #include "towerpipe/core/policy_kinds.hpp"
 #include "towerpipe/core/tensor_view.hpp"
@@ -26,41 +28,67 @@
 #include "towerpipe/layout/batch.hpp"
 #include "towerpipe/pipeline_options.hpp"
 #include "towerpipe/split.hpp"
+#include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {
+namespace detail {
 
 template <class Layout>
 class host_towers;
 
-// A host tower's view of the step (exec/tower_context.hpp); everything lives in host memory.
+// A host tower's view of the step (exec/tower_context.hpp has the gradient contract); everything lives
+// in host memory and the tower function runs on a thread of the pool.
 template <class Layout>
-class host_tower_context
-    : public tower_context_base<typename Layout::template buffer<host_memory>, typename Layout::value_type> {
-  using base = tower_context_base<typename Layout::template buffer<host_memory>, typename Layout::value_type>;
+class host_tower_context : public tower_context_base<host_tower_context<Layout>,
+                                                     typename Layout::template buffer<host_memory>,
+                                                     typename Layout::value_type> {
+  using base = tower_context_base<host_tower_context<Layout>, typename Layout::template buffer<host_memory>,
+                                  typename Layout::value_type>;
 
  public:
   using value_type = typename Layout::value_type;
 
-  void write_gradient(std::size_t index, const value_type* values, std::size_t count) {
-    std::copy(values, values + count, this->gradient_destination(index, count));
-  }
-  void write_gradient(const std::string& name, const value_type* values, std::size_t count) {
-    write_gradient(this->variables().index_of(name), values, count);
-  }
-
  private:
+  friend base;
   friend class host_towers<Layout>;
   using base::base;
+
+  static void fill_zero(value_type* target, std::size_t count) { std::fill(target, target + count, value_type(0)); }
+  static void copy_into(value_type* target, const value_type* source, std::size_t count) {
+    std::copy(source, source + count, target);
+  }
 };
 
-namespace detail {
-inline std::size_t host_thread_count(std::size_t towers, const pipeline_options& options) {
-  return options.host_threads != 0 ? options.host_threads
-                                   : std::max<std::size_t>(towers, std::thread::hardware_concurrency());
+// Threads for the tower functions and the host reduction: pipeline_options::host_threads, or by default
+// the machine's cores (towers beyond that take turns; more threads would only add switching).
+inline std::size_t host_thread_count(const pipeline_options& options) {
+  if (options.host_threads != 0) return options.host_threads;
+  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
 }
-}  // namespace detail
+
+// Fills every gradient of `gradients` with the poison pattern (pipeline_options::poison_gradients).
+template <class Buffer>
+void poison_host_gradients(Buffer& gradients) {
+  using T = std::remove_pointer_t<decltype(gradients.data(0))>;
+  for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
+    const tensor_view<T> view = gradients.view(v);
+    std::fill(view.begin(), view.end(), poison_value<T>());
+  }
+}
+
+// Throws if a written gradient still holds the poison somewhere, naming the variable and element.
+template <class Buffer>
+void check_host_gradients_written(const Buffer& gradients, const std::vector<char>& written) {
+  for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
+    if (!written[v]) continue;  // reported with the tower by throw_tower_failures
+    const auto view = gradients.view(v);
+    const std::size_t element = first_poisoned(view.data(), view.size());
+    if (element != view.size()) fail_unwritten_element(gradients.variables()[v], element);
+  }
+}
 
 // The towers of exec::host: a thread pool, the shared parameters and one gradient buffer per tower.
+// (The towers interface every execution space implements is written in exec/towers_contract.hpp.)
 template <class Layout>
 class host_towers {
  public:
@@ -69,8 +97,9 @@ class host_towers {
   using context = host_tower_context<Layout>;
 
   host_towers(const variable_set& variables, std::size_t towers, const pipeline_options& options)
-      : pool_(detail::host_thread_count(towers, options)),
-        trace_(options.trace),
+      : pool_(host_thread_count(options)),
+        tracer_(options.trace),
+        poison_(options.poison_gradients),
         parameters_(variables),
         written_(towers, std::vector<char>(variables.count(), 0)) {
     gradients_.reserve(towers);
@@ -79,7 +108,8 @@ class host_towers {
 
   std::size_t towers() const { return gradients_.size(); }
   const buffer& gradients(std::size_t tower) const { return gradients_[tower]; }
-  detail::thread_pool& pool() { return pool_; }
+  thread_pool& pool() { return pool_; }
+  const tracer& trace() const { return tracer_; }
 
   // The parameters every tower reads; the host reduction writes them between steps.
   buffer& shared_parameters() { return parameters_; }
@@ -96,7 +126,6 @@ class host_towers {
     staged_.push_back({std::move(parts), shards});
   }
   std::size_t staged() const { return staged_.size(); }
-  void record_device_spans(std::int64_t) const {}  // host towers have no device
   const std::vector<shard>& next_shards() const { return staged_.front().shard_weights; }
 
   // Runs fn(context&) for every tower on the oldest staged batch (which it consumes, whatever the
@@ -104,18 +133,25 @@ class host_towers {
   // gradient unwritten; the message names the tower and the variable.
   template <class TowerFn>
   std::vector<double> run(TowerFn& fn, std::int64_t step) {
+    static_assert(std::is_invocable_v<TowerFn&, context&>,
+                  "towerpipe: a tower function for exec::host is called as fn(trainer::tower_context&)");
+    static_assert(std::is_convertible_v<std::invoke_result_t<TowerFn&, context&>, double>,
+                  "towerpipe: a tower function for exec::host must return its shard's mean loss (a number); "
+                  "returning nothing is for exec::cuda, where the loss can be left in tower.device_loss()");
     const staged_batch current = std::move(staged_.front());
     staged_.pop_front();
     std::vector<double> losses(towers());
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t tower) {
+      if (poison_) poison_host_gradients(gradients_[tower]);
       context ctx(tower, towers(), current.shards[tower], current.shard_weights[tower].weight, &parameters_,
                   &gradients_[tower], &written_[tower]);
       const auto start = timeline::clock::now();
       losses[tower] = static_cast<double>(fn(ctx));
-      if (trace_ != nullptr) trace_->record(detail::make_message("tower ", tower), "compute", start, timeline::clock::now(), step);
+      tracer_.span("compute", start, timeline::clock::now(), step, "tower ", tower);
+      if (poison_) check_host_gradients_written(gradients_[tower], written_[tower]);
     });
-    detail::throw_tower_failures(failures, written_, parameters_.variables());
+    throw_tower_failures(failures, written_, parameters_.variables());
     return losses;
   }
 
@@ -125,13 +161,16 @@ class host_towers {
     std::vector<shard> shard_weights;
   };
 
-  detail::thread_pool pool_;
-  timeline* trace_;
+  thread_pool pool_;
+  tracer tracer_;
+  bool poison_;
   buffer parameters_;
   std::vector<buffer> gradients_;
   std::vector<std::vector<char>> written_;  // [tower][variable]: gradient written this step
   std::deque<staged_batch> staged_;
 };
+
+}  // namespace detail
 
 namespace exec {
 
@@ -140,7 +179,7 @@ struct host {
   using policy_kind = detail::exec_policy_kind;
   static constexpr const char* name = "host";
   template <class Layout>
-  using towers = host_towers<Layout>;
+  using towers = detail::host_towers<Layout>;
 };
 
 }  // namespace exec

@@ -19,30 +19,31 @@
 #include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
-#include "towerpipe/cuda/multi_tensor_launch.cuh"
+#include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
-#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/reduce/agents.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/stats.hpp"
 
 namespace towerpipe {
+namespace detail {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class device0_reducer : public detail::device_optimizer_state<Optim, Layout> {
+class device0_reducer : public device_optimizer_state<Optim, Layout> {
  public:
   using T = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
   device0_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
-      : detail::device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
+      : device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
         root_(towers.device(0)),
         stream_(root_),
         start_(root_, true),
         end_(root_, true),
         chunks_(make_chunk_table(variables, Policy::chunk_elements), root_) {
-    detail::check_device_tower_count("reduce::device0", towers.towers());
+    check_device_tower_count("reduce::device0", towers.towers());
     const int count = static_cast<int>(variables.count());
     std::vector<device_buffer*> gradient_roles, replica_roles;
     staged_.resize(towers.towers());
@@ -52,7 +53,7 @@ class device0_reducer : public detail::device_optimizer_state<Optim, Layout> {
         replica_roles.push_back(&towers.replica(t));
         continue;
       }
-      log_warning(detail::make_message("reduce::device0: device ", root_, " has no peer access to device ",
+      log_warning(make_message("reduce::device0: device ", root_, " has no peer access to device ",
                                        towers.device(t), " (tower ", t, "); its gradients and parameters are copied"));
       staged_[t] = std::make_unique<staging>(variables, root_);
       gradient_roles.push_back(&staged_[t]->gradients);
@@ -64,29 +65,27 @@ class device0_reducer : public detail::device_optimizer_state<Optim, Layout> {
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    const detail::nvtx_range range("towerpipe reduce::device0");
-    detail::device_guard on(root_);
+    const nvtx_range range("towerpipe reduce::device0");
+    device_guard on(root_);
     for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(stream_);
     start_.record(stream_);  // the last tower's gradients are ready
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       if (staged_[t])
-        detail::copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
+        copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
     }
     const optimizer_apply<Optim, T> apply{replicas_->view(), this->state_table(), static_cast<int>(towers.towers()),
                                           this->state_slot_count(), constants};
-    detail::launch_fused_apply<Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
+    launch_fused_apply<Policy, Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
                                          weights, apply);
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (staged_[t]) detail::copy_buffer_async(towers.replica(t), towers.device(t), staged_[t]->replica, root_, stream_);
+      if (staged_[t]) copy_buffer_async(towers.replica(t), towers.device(t), staged_[t]->replica, root_, stream_);
     }
     // The towers' next work waits for their new parameters; the host waits for the last write.
     end_.record(stream_);
     for (std::size_t t = 0; t < towers.towers(); ++t) end_.make_wait(towers.stream(t));
     end_.synchronize();
-    stages.reduce = detail::seconds_between(start_, end_);
-    if (towers.trace() != nullptr)
-      towers.trace()->record("reduce (GPU)", "device0 fused average + apply + broadcast", towers.host_time(0, start_),
-                             towers.host_time(0, end_), towers.current_step());
+    stages.reduce = seconds_between(start_, end_);
+    towers.device_span(0, start_, end_, "device0 fused average + apply + broadcast", "reduce (GPU)");
   }
 
  private:
@@ -97,26 +96,32 @@ class device0_reducer : public detail::device_optimizer_state<Optim, Layout> {
   };
 
   int root_;
-  detail::cuda_stream stream_;
-  detail::cuda_event start_, end_;
+  cuda_stream stream_;
+  cuda_event start_, end_;  // timing: stages.reduce
   device_chunk_table chunks_;
   std::vector<std::unique_ptr<staging>> staged_;  // null where the root reads the tower directly
   std::unique_ptr<device_pointer_table<T>> gradients_, replicas_;
 };
 
+}  // namespace detail
+
 namespace reduce {
 
-// Parameter server on the first tower's device, fused (see the top of this header).
-struct device0 {
+// Parameter server on the first tower's device, fused (see the top of this header). LaunchPolicy (a
+// multi_tensor_policy) sets the kernel's launch shape and vector width: reduce::device0_with<P>.
+template <class LaunchPolicy = multi_tensor_policy>
+struct device0_with {
   using policy_kind = detail::reduce_policy_kind;
+  using launch_policy = LaunchPolicy;
   static constexpr const char* name = "device0";
 };
+using device0 = device0_with<>;
 
 }  // namespace reduce
 
-template <class Optim, class Layout>
-struct reducer_for<exec::cuda, reduce::device0, Optim, Layout> {
-  using type = device0_reducer<Optim, Layout>;
+template <class Optim, class Layout, class LaunchPolicy>
+struct reducer_for<exec::cuda, reduce::device0_with<LaunchPolicy>, Optim, Layout> {
+  using type = detail::device0_reducer<Optim, Layout, LaunchPolicy>;
 };
 
 }  // namespace towerpipe

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cuda/std/type_traits>
+
 #include <cstddef>
 #include <vector>
 
@@ -14,8 +16,8 @@
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
-#include "towerpipe/cuda/multi_tensor_launch.cuh"
-#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/cuda/multi_tensor_dispatch.cuh"
+#include "towerpipe/reduce/agents.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -48,7 +50,7 @@ class device_optimizer_state {
   void set_state(std::size_t slot, std::size_t index, const T* values) {
     device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
-    detail::copy_to_device_now(slots_[slot].data(index), values, slots_[slot].view(index).size() * sizeof(T));
+    copy_to_device_now(slots_[slot].data(index), values, slots_[slot].view(index).size() * sizeof(T));
   }
 
   tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
@@ -72,26 +74,35 @@ class device_optimizer_state {
   std::unique_ptr<device_pointer_table<T>> table_;
 };
 
-// Launches fused_apply_agent<Optim, T, N> with N = towers for 1..8 (unrolled), else N = 0 (run time).
-template <class Optim, class T>
+// Launches fused_apply_agent<Optim, T, Towers>: the tower count fixed at compile time (unrolled, partial
+// sums in registers).
+template <class Policy, int Towers, class Optim, class T>
+void launch_fused_apply_for(const device_chunk_table& chunks, const cuda_stream& stream, int towers,
+                            const pointer_table<const T>& gradients, const std::vector<T>& weights,
+                            const optimizer_apply<Optim, T>& apply) {
+  fused_apply_agent<Optim, T, Towers> agent{gradients, towers, {}, apply};
+  for (int t = 0; t < towers; ++t) agent.weights[t] = weights[static_cast<std::size_t>(t)];
+  chunks.launch<Policy>(agent, stream);
+}
+
+// The same with Towers = towers for 1..8, else 0 (the count read at run time).
+template <class Policy, class Optim, class T>
 void launch_fused_apply(const device_chunk_table& chunks, const cuda_stream& stream, int towers,
                         const pointer_table<const T>& gradients, const std::vector<T>& weights,
                         const optimizer_apply<Optim, T>& apply) {
   const auto launch = [&](auto towers_constant) {
-    fused_apply_agent<Optim, T, decltype(towers_constant)::value> agent{gradients, towers, {}, apply};
-    for (int t = 0; t < towers; ++t) agent.weights[t] = weights[static_cast<std::size_t>(t)];
-    chunks.launch(agent, stream);
+    launch_fused_apply_for<Policy, decltype(towers_constant)::value>(chunks, stream, towers, gradients, weights, apply);
   };
   switch (towers) {
-    case 1: return launch(std::integral_constant<int, 1>{});
-    case 2: return launch(std::integral_constant<int, 2>{});
-    case 3: return launch(std::integral_constant<int, 3>{});
-    case 4: return launch(std::integral_constant<int, 4>{});
-    case 5: return launch(std::integral_constant<int, 5>{});
-    case 6: return launch(std::integral_constant<int, 6>{});
-    case 7: return launch(std::integral_constant<int, 7>{});
-    case 8: return launch(std::integral_constant<int, 8>{});
-    default: return launch(std::integral_constant<int, 0>{});
+    case 1: return launch(::cuda::std::integral_constant<int, 1>{});
+    case 2: return launch(::cuda::std::integral_constant<int, 2>{});
+    case 3: return launch(::cuda::std::integral_constant<int, 3>{});
+    case 4: return launch(::cuda::std::integral_constant<int, 4>{});
+    case 5: return launch(::cuda::std::integral_constant<int, 5>{});
+    case 6: return launch(::cuda::std::integral_constant<int, 6>{});
+    case 7: return launch(::cuda::std::integral_constant<int, 7>{});
+    case 8: return launch(::cuda::std::integral_constant<int, 8>{});
+    default: return launch(::cuda::std::integral_constant<int, 0>{});
   }
 }
 

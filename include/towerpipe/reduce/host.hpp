@@ -16,12 +16,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/host_memory.hpp"
 #include "towerpipe/core/policy_kinds.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/host.hpp"
 #include "towerpipe/reduce/canonical_order.hpp"
-#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/reduce/chunk_table.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/stats.hpp"
 
@@ -35,6 +36,7 @@ struct host_reduce_policy {
 
 namespace detail {
 
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 // The optimizer state in host memory and the fused pass over any range of the chunk table; shared by
 // reduce::host for host towers and for GPU towers.
 template <class Optim, class Layout>
@@ -126,9 +128,9 @@ class host_optimizer_pass {
   std::vector<tensor_chunk> chunks_;
   std::vector<buffer> state_;  // one buffer per optimizer state slot
 };
+TOWERPIPE_EXACT_ARITHMETIC_END
 
-}  // namespace detail
-
+// reduce::host with exec::host (the reducer interface: reduce/reducer_contract.hpp).
 template <class Optim, class Layout>
 class host_reducer {
  public:
@@ -141,8 +143,6 @@ class host_reducer {
   std::size_t state_slots() const { return pass_.state_slots(); }
   tensor_view<const value_type> state_on_host(std::size_t slot, std::size_t index) { return pass_.state_view(slot, index); }
   void set_state(std::size_t slot, std::size_t index, const value_type* values) { pass_.set_state(slot, index, values); }
-  void parameter_set(std::size_t, const value_type*) {}  // the towers' parameters are the only copy
-
   // The fused pass over every chunk, in the towers' shared parameters: there is nothing to broadcast.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                          const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
@@ -154,8 +154,10 @@ class host_reducer {
   }
 
  private:
-  detail::host_optimizer_pass<Optim, Layout> pass_;
+  host_optimizer_pass<Optim, Layout> pass_;
 };
+
+}  // namespace detail
 
 namespace reduce {
 
@@ -169,7 +171,7 @@ struct host {
 
 template <class Optim, class Layout>
 struct reducer_for<exec::host, reduce::host, Optim, Layout> {
-  using type = host_reducer<Optim, Layout>;
+  using type = detail::host_reducer<Optim, Layout>;
 };
 
 }  // namespace towerpipe

@@ -19,11 +19,12 @@
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/host.hpp"
-#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/reduce/agents.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/stats.hpp"
 
 namespace towerpipe {
+namespace detail {
 
 struct host_transfer_policy {
   static constexpr std::size_t group_elements = std::size_t(1) << 21;  // 8 MiB of float per group
@@ -51,11 +52,11 @@ class cuda_host_reducer {
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    const detail::nvtx_range range("towerpipe reduce::host");
+    const nvtx_range range("towerpipe reduce::host");
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       link& own = *links_[t];
-      detail::device_guard on(towers.device(t));
+      device_guard on(towers.device(t));
       towers.gradients_ready(t).make_wait(own.down);
       for (std::size_t g = 0; g < groups_.size(); ++g) {
         copy_group(own.gradients, towers.gradients(t), g, cudaMemcpyDeviceToHost, own.down);
@@ -68,14 +69,14 @@ class cuda_host_reducer {
       for (const auto& own : links_) own->down_done[g].synchronize();
       pass_.run(towers.pool(), groups_[g].first, groups_[g].last, gradients, master_, weights, constants);
       for (std::size_t t = 0; t < towers.towers(); ++t) {
-        detail::device_guard on(towers.device(t));
+        device_guard on(towers.device(t));
         copy_group(towers.replica(t), master_, g, cudaMemcpyHostToDevice, links_[t]->up);
       }
     }
     const auto computed = std::chrono::steady_clock::now();
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       link& own = *links_[t];
-      detail::device_guard on(towers.device(t));
+      device_guard on(towers.device(t));
       own.up_done.record(own.up);
       own.up_done.make_wait(towers.stream(t));
     }
@@ -93,17 +94,17 @@ class cuda_host_reducer {
       for (std::size_t g = 0; g < groups; ++g) down_done.emplace_back(device);
     }
     pinned_buffer gradients;
-    detail::cuda_stream down, up;
-    std::vector<detail::cuda_event> down_done;  // per group
-    detail::cuda_event up_done;
+    cuda_stream down, up;
+    std::vector<cuda_event> down_done;  // per group
+    cuda_event up_done;
   };
 
   // Copies group g's elements of every variable it touches; in layout::flat they are one range.
   template <class Target, class Source>
   void copy_group(Target& target, const Source& source, std::size_t g, cudaMemcpyKind kind,
-                  const detail::cuda_stream& stream) const {
+                  const cuda_stream& stream) const {
     const std::vector<element_range> ranges = group_ranges(pass_.chunks(), groups_[g]);
-    if constexpr (detail::has_arena<Target>::value) {
+    if constexpr (has_arena<Target>::value) {
       const T* begin = source.data(ranges.front().variable) + ranges.front().begin;
       const T* end = source.data(ranges.back().variable) + ranges.back().end;
       T* to = target.data(ranges.front().variable) + ranges.front().begin;
@@ -115,15 +116,17 @@ class cuda_host_reducer {
     }
   }
 
-  detail::host_optimizer_pass<Optim, Layout> pass_;
+  host_optimizer_pass<Optim, Layout> pass_;
   pinned_buffer master_;
   std::vector<chunk_group> groups_;
   std::vector<std::unique_ptr<link>> links_;
 };
 
+}  // namespace detail
+
 template <class Optim, class Layout>
 struct reducer_for<exec::cuda, reduce::host, Optim, Layout> {
-  using type = cuda_host_reducer<Optim, Layout>;
+  using type = detail::cuda_host_reducer<Optim, Layout>;
 };
 
 }  // namespace towerpipe

@@ -26,30 +26,31 @@
 #include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
-#include "towerpipe/cuda/multi_tensor_launch.cuh"
+#include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
-#include "towerpipe/reduce/multi_tensor.hpp"
+#include "towerpipe/reduce/agents.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/stats.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
+namespace detail {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
+class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
  public:
   using T = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
   p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
-      : detail::device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
+      : device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
         timing_stream_(towers.device(0)),
         tree_start_(towers.device(0), true),
         root_start_(towers.device(0), true),
         root_end_(towers.device(0), true) {
-    detail::check_device_tower_count("reduce::p2p_tree", towers.towers());
+    check_device_tower_count("reduce::p2p_tree", towers.towers());
     const std::size_t n = towers.towers();
     const int count = static_cast<int>(variables.count());
     const std::vector<T> unit_weights(n, T(1));
@@ -71,7 +72,7 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     for (std::size_t t = 0; t < n; ++t) {
       const int device = towers.device(t);
       nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements,
-                                              towers.trace() != nullptr ? rounds.size() : 0));
+                                              towers.trace().on() ? rounds.size() : 0));
       node& own = *nodes_.back();
       // This tower's view of every tower's gradient buffer (the partial sums): direct, or its scratch.
       std::vector<device_buffer*> sums;
@@ -79,7 +80,7 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
         const bool direct = towers.can_access(device, towers.device(other));
         if (!direct && !own.scratch) {
           own.scratch = std::make_unique<device_buffer>(variables, cuda_device_memory{device});
-          log_warning(detail::make_message("reduce::p2p_tree: tower ", t, " (device ", device,
+          log_warning(make_message("reduce::p2p_tree: tower ", t, " (device ", device,
                                            ") reads other towers through copies: no peer access"));
         }
         sums.push_back(direct ? &towers.gradients(other) : own.scratch.get());
@@ -98,7 +99,7 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    const detail::nvtx_range range("towerpipe reduce::p2p_tree");
+    const nvtx_range range("towerpipe reduce::p2p_tree");
     const int n = static_cast<int>(towers.towers());
     const auto rounds = canonical_tree_rounds<T>(n, weights);
     const optimizer_apply<Optim, T> apply{root_targets_->view(), this->state_table(), root_replica_count_,
@@ -106,7 +107,7 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     // The reduction starts when the last tower's gradients are ready: marked on a stream of its own, so
     // that no tower waits for more than its edges need.
     {
-      detail::device_guard on(towers.device(0));
+      device_guard on(towers.device(0));
       for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(timing_stream_);
       tree_start_.record(timing_stream_);
     }
@@ -116,18 +117,18 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
       for (const tree_edge<T>& edge : rounds[r]) {
         node& left = *nodes_[static_cast<std::size_t>(edge.left)];
         const std::size_t right = static_cast<std::size_t>(edge.right);
-        const detail::cuda_stream& stream = towers.stream(static_cast<std::size_t>(edge.left));
-        detail::device_guard on(stream.device());
+        const cuda_stream& stream = towers.stream(static_cast<std::size_t>(edge.left));
+        device_guard on(stream.device());
         nodes_[right]->partial_ready->make_wait(stream);
         if (left.scratch && !towers.can_access(stream.device(), towers.device(right)))
-          detail::copy_buffer_async(*left.scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
+          copy_buffer_async(*left.scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
         const bool root_edge = r + 1 == rounds.size();
         if (root_edge) {
           root_start_.record(stream);
-          left.chunks.launch(tree_root_agent<Optim, T>{left.sums->view(), edge, apply}, stream);
+          left.chunks.template launch<Policy>(tree_root_agent<Optim, T>{left.sums->view(), edge, apply}, stream);
         } else {
           if (!left.edge_start.empty()) left.edge_start[r].record(stream);
-          left.chunks.launch(tree_round_agent<T>{left.sums->view(), edge}, stream);
+          left.chunks.template launch<Policy>(tree_round_agent<T>{left.sums->view(), edge}, stream);
           if (!left.edge_end.empty()) left.edge_end[r].record(stream);
           left.partial_done.record(stream);
           left.partial_ready = &left.partial_done;
@@ -135,10 +136,10 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
       }
     }
     {
-      detail::device_guard on(towers.device(0));
+      device_guard on(towers.device(0));
       if (n == 1) {
         root_start_.record(towers.stream(0));
-        detail::launch_fused_apply<Optim, T>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(),
+        launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(),
                                              weights, apply);
       }
       root_end_.record(towers.stream(0));
@@ -152,8 +153,8 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
       for (const tree_edge<T>& edge : *r) {
         const std::size_t child = static_cast<std::size_t>(edge.right), parent = static_cast<std::size_t>(edge.left);
         node& own = *nodes_[child];
-        const detail::cuda_stream& stream = towers.stream(child);
-        detail::device_guard on(stream.device());
+        const cuda_stream& stream = towers.stream(child);
+        device_guard on(stream.device());
         nodes_[parent]->parameters_ready->make_wait(stream);
         if (written_by_root_[child]) {
           own.parameters_ready = nodes_[parent]->parameters_ready;
@@ -161,9 +162,9 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
         }
         own.pull_start.record(stream);
         if (own.pulls_directly) {
-          own.chunks.launch(copy_agent<T>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
+          own.chunks.template launch<Policy>(copy_agent<T>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
         } else {
-          detail::copy_buffer_async(towers.replica(child), stream.device(), towers.replica(parent), towers.device(parent),
+          copy_buffer_async(towers.replica(child), stream.device(), towers.replica(parent), towers.device(parent),
                                     stream);
         }
         own.parameters_done.record(stream);
@@ -171,9 +172,9 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
       }
     }
     for (const auto& own : nodes_) own->parameters_ready->synchronize();
-    stages.reduce = detail::seconds_between(tree_start_, root_end_);
+    stages.reduce = seconds_between(tree_start_, root_end_);
     stages.broadcast = broadcast_seconds();
-    if (towers.trace() != nullptr) record_device_spans(towers, rounds);
+    if (towers.trace().on()) record_device_spans(towers, rounds);
   }
 
  private:
@@ -195,11 +196,11 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     std::unique_ptr<device_pointer_table<T>> sums;          // role = tower: partial sums as this tower reads them
     std::unique_ptr<device_pointer_table<T>> parent_replica, own_replica;  // only for towers that pull
     bool pulls_directly = true;
-    detail::cuda_event partial_done;
-    detail::cuda_event pull_start, parameters_done;  // timing: the pull of the new parameters, where it pulls
-    const detail::cuda_event* parameters_ready = nullptr;  // this step: when this tower's new parameters are in
-    const detail::cuda_event* partial_ready = nullptr;     // this step: the last write to this tower's sums
-    std::vector<detail::cuda_event> edge_start, edge_end;  // per round where this tower is the left side
+    cuda_event partial_done;
+    cuda_event pull_start, parameters_done;  // timing: the pull of the new parameters, where it pulls
+    const cuda_event* parameters_ready = nullptr;  // this step: when this tower's new parameters are in
+    const cuda_event* partial_ready = nullptr;     // this step: the last write to this tower's sums
+    std::vector<cuda_event> edge_start, edge_end;  // per round where this tower is the left side
   };
 
   // The broadcast's critical path: the longest chain of pulls from the root down the tree, each pull timed
@@ -209,7 +210,7 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
     double longest = 0;
     for (std::size_t t = 1; t < nodes_.size(); ++t) {
       arrival[t] = arrival[static_cast<std::size_t>(parent_[t])];
-      if (!written_by_root_[t]) arrival[t] += detail::seconds_between(nodes_[t]->pull_start, nodes_[t]->parameters_done);
+      if (!written_by_root_[t]) arrival[t] += seconds_between(nodes_[t]->pull_start, nodes_[t]->parameters_done);
       longest = std::max(longest, arrival[t]);
     }
     return longest;
@@ -218,28 +219,23 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
   // After a step, with a timeline: the root edge on row "reduce (GPU)", the other edges and the pulls of
   // the new parameters on the rows of the towers whose streams ran them.
   void record_device_spans(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<T>>>& rounds) const {
-    timeline& trace = *towers.trace();
-    const std::int64_t step = towers.current_step();
-    trace.record("reduce (GPU)", "p2p_tree root: last edge + apply", towers.host_time(0, root_start_),
-                 towers.host_time(0, root_end_), step);
+    towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + apply", "reduce (GPU)");
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
       for (const tree_edge<T>& edge : rounds[r]) {
         const std::size_t left = static_cast<std::size_t>(edge.left);
-        trace.record(detail::make_message("tower ", left, " (GPU)"), detail::make_message("tree edge: + tower ", edge.right),
-                     towers.host_time(left, nodes_[left]->edge_start[r]), towers.host_time(left, nodes_[left]->edge_end[r]),
-                     step);
+        towers.device_span(left, nodes_[left]->edge_start[r], nodes_[left]->edge_end[r],
+                           make_message("tree edge: + tower ", edge.right), "tower ", left, " (GPU)");
       }
     }
     for (std::size_t t = 1; t < nodes_.size(); ++t) {
       if (written_by_root_[t]) continue;  // written by the root's pass, on row "reduce (GPU)"
-      const std::size_t parent = static_cast<std::size_t>(parent_[t]);
-      trace.record(detail::make_message("tower ", t, " (GPU)"), detail::make_message("broadcast: pull from tower ", parent),
-                   towers.host_time(t, nodes_[t]->pull_start), towers.host_time(t, nodes_[t]->parameters_done), step);
+      towers.device_span(t, nodes_[t]->pull_start, nodes_[t]->parameters_done,
+                         make_message("broadcast: pull from tower ", parent_[t]), "tower ", t, " (GPU)");
     }
   }
 
-  detail::cuda_stream timing_stream_;  // on tower 0's device: marks when the last tower's gradients were ready
-  detail::cuda_event tree_start_, root_start_, root_end_;
+  cuda_stream timing_stream_;  // on tower 0's device: marks when the last tower's gradients were ready
+  cuda_event tree_start_, root_start_, root_end_;
   std::vector<int> parent_;  // tower -> its parent in the tree; -1 for the root
   std::vector<char> written_by_root_;  // towers whose replica the root's pass writes
   std::unique_ptr<device_pointer_table<T>> root_targets_;  // role 0: tower 0's replica, then those towers'
@@ -247,19 +243,25 @@ class p2p_tree_reducer : public detail::device_optimizer_state<Optim, Layout> {
   std::vector<std::unique_ptr<node>> nodes_;
 };
 
+}  // namespace detail
+
 namespace reduce {
 
-// The canonical tree run by the towers themselves (see the top of this header).
-struct p2p_tree {
+// The canonical tree run by the towers themselves (see the top of this header); LaunchPolicy as for
+// reduce::device0_with.
+template <class LaunchPolicy = multi_tensor_policy>
+struct p2p_tree_with {
   using policy_kind = detail::reduce_policy_kind;
+  using launch_policy = LaunchPolicy;
   static constexpr const char* name = "p2p_tree";
 };
+using p2p_tree = p2p_tree_with<>;
 
 }  // namespace reduce
 
-template <class Optim, class Layout>
-struct reducer_for<exec::cuda, reduce::p2p_tree, Optim, Layout> {
-  using type = p2p_tree_reducer<Optim, Layout>;
+template <class Optim, class Layout, class LaunchPolicy>
+struct reducer_for<exec::cuda, reduce::p2p_tree_with<LaunchPolicy>, Optim, Layout> {
+  using type = detail::p2p_tree_reducer<Optim, Layout, LaunchPolicy>;
 };
 
 }  // namespace towerpipe

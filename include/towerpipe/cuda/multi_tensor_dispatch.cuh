@@ -1,0 +1,65 @@
+#pragma once
+// Dispatch of the multi-tensor kernel (cuda/multi_tensor_kernel.cuh): the chunk and pointer tables
+// uploaded to a device, and the launch that covers every chunk of every variable in one grid.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/cuda/check.cuh"
+#include "towerpipe/cuda/device.cuh"
+#include "towerpipe/cuda/memory.cuh"
+#include "towerpipe/cuda/multi_tensor_kernel.cuh"
+#include "towerpipe/reduce/chunk_table.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+// A chunk table uploaded to one device, with the grid that covers it.
+class device_chunk_table {
+ public:
+  device_chunk_table(const std::vector<tensor_chunk>& chunks, int device)
+      : device_(device),
+        count_(static_cast<int>(chunks.size())),
+        chunks_(cuda_device_memory{device}.allocate<tensor_chunk>(chunks.size(), 256)) {
+    device_guard on(device);
+    copy_to_device_now(chunks_.get(), chunks.data(), chunks.size() * sizeof(tensor_chunk));
+  }
+
+  template <class Policy, class Agent>
+  void launch(const Agent& agent, const cuda_stream& stream) const {
+    static_assert(check_multi_tensor_policy<Policy, typename Agent::value_type>());
+    if (stream.device() != device_) fail("chunk table of device ", device_, " launched on device ", stream.device());
+    device_guard on(device_);
+    multi_tensor_kernel<Agent, Policy><<<static_cast<unsigned>(std::max(count_, 1)), Policy::threads_per_block, 0,
+                                         stream.get()>>>(agent, chunks_.get(), count_);
+    TOWERPIPE_CUDA_CHECK(cudaGetLastError());
+  }
+
+ private:
+  int device_;
+  int count_;
+  cuda_device_memory::owner<tensor_chunk> chunks_;
+};
+
+// A pointer table (reduce/chunk_table.hpp) uploaded to one device.
+template <class T>
+class device_pointer_table {
+ public:
+  device_pointer_table(const std::vector<T*>& pointers, int variables, int device)
+      : variables_(variables), pointers_(cuda_device_memory{device}.allocate<T*>(pointers.size(), 256)) {
+    device_guard on(device);
+    copy_to_device_now(pointers_.get(), pointers.data(), pointers.size() * sizeof(T*));
+  }
+  pointer_table<T> view() const { return {pointers_.get(), variables_}; }
+  pointer_table<const T> const_view() const { return {pointers_.get(), variables_}; }
+
+ private:
+  int variables_;
+  cuda_device_memory::owner<T*> pointers_;
+};
+
+}  // namespace detail
+}  // namespace towerpipe

@@ -1,0 +1,174 @@
+#pragma once
+// The multi-tensor agents: per-element programs (the operation, as a CUTLASS epilogue is) that the
+// device backends run over a chunk table — a CUDA block per chunk, a thread per group of elements
+// (cuda/multi_tensor_kernel.cuh, the schedule) — and that tests run over the same tables on the host.
+// Plain C++ (usable without nvcc); TOWERPIPE_HOST_DEVICE marks what kernels call.
+//
+// Room left on purpose: the averaged gradient of a group passes through optimizer_apply::apply before
+// the update, which is where a non-finite flag and a squared-norm partial for clipping will be taken
+// (reduced per block with cub::BlockReduce in the kernel), and load_lanes is where bf16 gradients will be
+// widened into the fp32 master weights' type.
+
+#include <cstddef>
+#include <vector>
+
+#include "towerpipe/core/config.hpp"
+#include "towerpipe/core/exact_arithmetic.hpp"
+#include "towerpipe/core/rounded_math.hpp"
+#include "towerpipe/reduce/canonical_order.hpp"
+#include "towerpipe/reduce/chunk_table.hpp"
+#include "towerpipe/reduce/lanes.hpp"
+
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
+namespace towerpipe {
+namespace detail {
+
+// How an agent's work is spread: thread `thread` of `threads` takes groups thread, thread + threads, ...
+// of W elements (the launch policy's vector_elements), then the same for the chunk's last count % W
+// single elements. agent.template process<W>(variable, element) does one group; an agent is nothing
+// but that member and its data.
+TOWERPIPE_EXEC_CHECK_DISABLE
+template <unsigned W, class Agent>
+TOWERPIPE_HOST_DEVICE void process_chunk(const Agent& agent, const tensor_chunk& chunk, unsigned thread,
+                                         unsigned threads) {
+  const unsigned groups = chunk.count / W;
+  for (unsigned q = thread; q < groups; q += threads) agent.template process<W>(chunk.variable, chunk.first + W * q);
+  for (unsigned k = W * groups + thread; k < chunk.count; k += threads)
+    agent.template process<1>(chunk.variable, chunk.first + k);
+}
+
+// The optimizer step of a group and its broadcast: p = replica 0; Optim::update(g, p, state) per
+// element; p is written to replicas [0, replica_count).
+template <class Optim, class T>
+struct optimizer_apply {
+  pointer_table<T> replicas;  // role = tower
+  pointer_table<T> state;     // role = optimizer slot
+  int replica_count;
+  int state_slots;
+  typename Optim::template step_constants<T> constants;
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void apply(int v, unsigned i, const lanes<T, W>& g) const {
+    // Loops over slots run to the compile-time maximum with a guard, so that they unroll and the state
+    // stays in registers instead of an indexed local array.
+    lanes<T, W> p = load_lanes<W>(replicas.at(0, v) + i);
+    lanes<T, W> s[Optim::max_state_slots] = {};
+    for (int slot = 0; slot < Optim::max_state_slots; ++slot) {
+      if (slot < state_slots) s[slot] = load_lanes<W>(state.at(slot, v) + i);
+    }
+    for (unsigned l = 0; l < W; ++l) {
+      T element_state[Optim::max_state_slots] = {};
+      for (int slot = 0; slot < Optim::max_state_slots; ++slot) element_state[slot] = s[slot].value[l];
+      Optim::update(constants, g.value[l], p.value[l], element_state);
+      for (int slot = 0; slot < Optim::max_state_slots; ++slot) s[slot].value[l] = element_state[slot];
+    }
+    for (int slot = 0; slot < Optim::max_state_slots; ++slot) {
+      if (slot < state_slots) store_lanes<W>(state.at(slot, v) + i, s[slot]);
+    }
+    for (int r = 0; r < replica_count; ++r) store_lanes<W>(replicas.at(r, v) + i, p);
+  }
+};
+
+// reduce::device0 in one pass: g = canonical sum over towers t of weights[t] * gradient_t, then apply.
+// Towers > 0 fixes the tower count at compile time (unrolled, partial sums in registers); 0 reads `towers`.
+template <class Optim, class T, int Towers>
+struct fused_apply_agent {
+  using value_type = T;
+  pointer_table<const T> gradients;  // role = tower
+  int towers;
+  T weights[max_device_towers];
+  optimizer_apply<Optim, T> apply;
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
+    const int n = Towers > 0 ? Towers : towers;
+    // The canonical tree keeps canonical_slots(n) partial sums alive (7 for 64 towers), in registers.
+    lanes<T, W> partial[canonical_slots(Towers > 0 ? Towers : max_device_towers)];
+    canonical_tree_reduce(
+        n, [&](int t, int slot) { partial[slot] = scaled_lanes<W>(weights[t], gradients.at(t, v) + i); },
+        [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
+    apply.template apply<W>(v, i, partial[0]);
+  }
+};
+
+// One edge of the canonical tree (reduce/canonical_order.hpp): s_left = s_left + s_right. Partial sums
+// live in the towers' gradient buffers: a tower's buffer holds its raw gradient until the tower has been
+// the left side of an edge, its weighted partial sum after; raw operands are multiplied by their weight.
+template <class T>
+struct tree_edge {
+  int left, right;
+  bool left_raw, right_raw;
+  T left_weight, right_weight;
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE lanes<T, W> combine(const pointer_table<T>& sums, int v, unsigned i) const {
+    const T* l = sums.at(left, v) + i;
+    const T* r = sums.at(right, v) + i;
+    return add_lanes(left_raw ? scaled_lanes<W>(left_weight, l) : load_lanes<W>(l),
+                     right_raw ? scaled_lanes<W>(right_weight, r) : load_lanes<W>(r));
+  }
+};
+
+// The rounds of the canonical tree for n towers, as edges in the order they may run: every edge of
+// round r after every edge of round r - 1 that touches its towers. The last edge has left = 0.
+template <class T>
+std::vector<std::vector<tree_edge<T>>> canonical_tree_rounds(int towers, const std::vector<T>& weights) {
+  std::vector<std::vector<tree_edge<T>>> rounds;
+  std::vector<char> raw(static_cast<std::size_t>(towers), 1);
+  for (int stride = 1; stride < towers; stride *= 2) {
+    rounds.emplace_back();
+    for (int left = 0; left + stride < towers; left += 2 * stride) {
+      const int right = left + stride;
+      rounds.back().push_back({left, right, raw[left] != 0, raw[right] != 0, weights[static_cast<std::size_t>(left)],
+                               weights[static_cast<std::size_t>(right)]});
+      raw[static_cast<std::size_t>(left)] = 0;
+    }
+  }
+  return rounds;
+}
+
+// A p2p tree round that is not the last: s_left = s_left + s_right in place.
+template <class T>
+struct tree_round_agent {
+  using value_type = T;
+  pointer_table<T> sums;  // role = tower
+  tree_edge<T> edge;
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
+    store_lanes<W>(sums.at(edge.left, v) + i, edge.template combine<W>(sums, v, i));
+  }
+};
+
+// The p2p tree's root: the last edge (into tower 0) fused with the optimizer and the root's replica.
+template <class Optim, class T>
+struct tree_root_agent {
+  using value_type = T;
+  pointer_table<T> sums;  // role = tower
+  tree_edge<T> edge;
+  optimizer_apply<Optim, T> apply;
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
+    apply.template apply<W>(v, i, edge.template combine<W>(sums, v, i));
+  }
+};
+
+// Copies one tower's replica into others (the p2p tree's broadcast edges).
+template <class T>
+struct copy_agent {
+  using value_type = T;
+  pointer_table<const T> source;  // role 0
+  pointer_table<T> targets;       // roles [0, target_count)
+  int target_count;
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
+    const lanes<T, W> value = load_lanes<W>(source.at(0, v) + i);
+    for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
+  }
+};
+
+}  // namespace detail
+}  // namespace towerpipe
+TOWERPIPE_EXACT_ARITHMETIC_END

@@ -1,0 +1,97 @@
+#pragma once
+// The multi-tensor work list: a table of chunks that covers every element of every variable exactly once,
+// built once at construction, and the pointer tables that locate each (role, variable). Both layouts use
+// the same tables: variable v of role r lives at pointer_table.at(r, v); layout::flat only makes those
+// pointers consecutive in one arena. Chunks start on multiples of chunk_elements (a multiple of 64
+// floats, 256 bytes) of 256-byte-aligned variables, so vector loads inside a chunk stay aligned.
+// Plain C++: the device backends upload these tables (cuda/multi_tensor_dispatch.cuh), the host pass and
+// the tests walk them on the CPU.
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "towerpipe/core/config.hpp"
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/core/variable_set.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+struct tensor_chunk {
+  int variable;
+  unsigned first;  // first element of the chunk inside its variable
+  unsigned count;
+};
+
+inline std::vector<tensor_chunk> make_chunk_table(const variable_set& variables, std::size_t chunk_elements) {
+  std::vector<tensor_chunk> chunks;
+  for (std::size_t v = 0; v < variables.count(); ++v) {
+    if (variables[v].size > 0xFFFFFFFFu)
+      detail::fail("variable '", variables[v].name, "' has ", variables[v].size, " elements; at most 2^32 - 1 supported");
+    for (std::size_t first = 0; first < variables[v].size; first += chunk_elements)
+      chunks.push_back({static_cast<int>(v), static_cast<unsigned>(first),
+                        static_cast<unsigned>(std::min(chunk_elements, variables[v].size - first))});
+  }
+  return chunks;
+}
+
+// Consecutive runs of chunks [first, last) of about group_elements elements each (a chunk larger than
+// that is a group of its own): units of transfer that can overlap with work on the previous unit.
+struct chunk_group {
+  std::size_t first, last;
+};
+
+inline std::vector<chunk_group> group_chunks(const std::vector<tensor_chunk>& chunks, std::size_t group_elements) {
+  std::vector<chunk_group> groups;
+  for (std::size_t first = 0; first < chunks.size();) {
+    std::size_t last = first, elements = 0;
+    while (last < chunks.size() && (elements == 0 || elements + chunks[last].count <= group_elements))
+      elements += chunks[last++].count;
+    groups.push_back({first, last});
+    first = last;
+  }
+  return groups;
+}
+
+// The elements [begin, end) of each variable a group touches, in variable order. Chunk tables list
+// each variable's chunks consecutively and in order, so these ranges are contiguous.
+struct element_range {
+  std::size_t variable, begin, end;
+};
+
+inline std::vector<element_range> group_ranges(const std::vector<tensor_chunk>& chunks, const chunk_group& group) {
+  std::vector<element_range> ranges;
+  for (std::size_t c = group.first; c < group.last; ++c) {
+    const tensor_chunk& chunk = chunks[c];
+    const std::size_t v = static_cast<std::size_t>(chunk.variable);
+    if (!ranges.empty() && ranges.back().variable == v) ranges.back().end = chunk.first + chunk.count;
+    else ranges.push_back({v, chunk.first, std::size_t(chunk.first) + chunk.count});
+  }
+  return ranges;
+}
+
+// Pointers of several roles (towers' gradients, towers' replicas, optimizer slots), one per
+// (role, variable), in one array laid out [role][variable].
+template <class T>
+struct pointer_table {
+  T* const* pointers = nullptr;
+  int variables = 0;
+  TOWERPIPE_HOST_DEVICE T* at(int role, int variable) const { return pointers[role * variables + variable]; }
+};
+
+// The table's pointer array for buffers of one layout: roles[r]->data(v) at [r][v].
+template <class T, class Buffer>
+std::vector<T*> gather_pointers(const std::vector<Buffer*>& roles) {
+  std::vector<T*> pointers;
+  for (Buffer* role : roles) {
+    for (std::size_t v = 0; v < role->variables().count(); ++v) pointers.push_back(role->data(v));
+  }
+  return pointers;
+}
+
+// The most towers a device reduction takes in one pass (their weights travel in the kernel's arguments).
+constexpr int max_device_towers = 64;
+
+}  // namespace detail
+}  // namespace towerpipe

@@ -1,0 +1,80 @@
+#pragma once
+// Vector I/O of the multi-tensor agents: a group of W consecutive elements in registers. On the device
+// a whole group (W = vector_elements of the launch policy, 4 floats = 16 bytes by default) moves as one
+// vector through CUB's cub::LoadDirectBlockedVectorized / cub::StoreDirectBlockedVectorized; a chunk's
+// last count % W elements move one by one (W = 1). On the host, plain loops. Groups start on multiples of
+// W elements of 256-byte-aligned variables, so every vector is aligned (multi_tensor_policy checks it).
+// Plain C++ where not compiled by nvcc.
+
+#include "towerpipe/core/config.hpp"
+#include "towerpipe/core/exact_arithmetic.hpp"
+#include "towerpipe/core/rounded_math.hpp"
+
+#if defined(__CUDACC__)
+#include <cub/block/block_load.cuh>
+#include <cub/block/block_store.cuh>
+#include <nv/target>
+#endif
+
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
+namespace towerpipe {
+namespace detail {
+
+template <class T, unsigned W>
+struct lanes {
+  T value[W];
+};
+
+// W elements one by one: the host's way, and the device's for W = 1.
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE void copy_elements(T* target, const T* source) {
+  for (unsigned l = 0; l < W; ++l) target[l] = source[l];
+}
+
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE lanes<T, W> load_lanes(const T* p) {
+  lanes<T, W> result;
+#if defined(__CUDACC__)
+  if constexpr (W > 1) {
+    // linear_tid 0: the group at p is this thread's alone.
+    NV_IF_TARGET(NV_IS_DEVICE, (cub::LoadDirectBlockedVectorized(0, const_cast<T*>(p), result.value);),
+                 (copy_elements<W>(result.value, p);))
+  } else {
+    copy_elements<W>(result.value, p);
+  }
+#else
+  copy_elements<W>(result.value, p);
+#endif
+  return result;
+}
+
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE void store_lanes(T* p, lanes<T, W> v) {
+#if defined(__CUDACC__)
+  if constexpr (W > 1) {
+    NV_IF_TARGET(NV_IS_DEVICE, (cub::StoreDirectBlockedVectorized(0, p, v.value);), (copy_elements<W>(p, v.value);))
+  } else {
+    copy_elements<W>(p, v.value);
+  }
+#else
+  copy_elements<W>(p, v.value);
+#endif
+}
+
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE lanes<T, W> scaled_lanes(T weight, const T* p) {
+  lanes<T, W> v = load_lanes<W>(p);
+  for (unsigned l = 0; l < W; ++l) v.value[l] = rounded_mul(weight, v.value[l]);
+  return v;
+}
+
+template <class T, unsigned W>
+TOWERPIPE_HOST_DEVICE lanes<T, W> add_lanes(const lanes<T, W>& a, const lanes<T, W>& b) {
+  lanes<T, W> sum;
+  for (unsigned l = 0; l < W; ++l) sum.value[l] = rounded_add(a.value[l], b.value[l]);
+  return sum;
+}
+
+}  // namespace detail
+}  // namespace towerpipe
+TOWERPIPE_EXACT_ARITHMETIC_END

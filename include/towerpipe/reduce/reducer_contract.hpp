@@ -1,0 +1,57 @@
+#pragma once
+// The reducer interface: what pipeline<Exec, Reduce, Optim, Layout> needs of
+// reducer_for<Exec, Reduce, Optim, Layout>::type (reduce/reducer_for.hpp), written down as the optimizer
+// interface is in optim/sgd.hpp and checked by the pipeline with a static_assert per member.
+//
+//   reducer(variables, hyper_parameters, towers&)     constructor; allocates the optimizer state (zeros)
+//   void average_and_apply(towers&, const std::vector<T>& weights, const step_constants<T>&, stage_seconds&)
+//       one step: canonical weighted average of the towers' gradients (reduce/canonical_order.hpp), the
+//       optimizer's update, the new parameters on every tower; fills stages.reduce (and .broadcast)
+//   std::size_t state_slots() const                    optimizer state slots allocated
+//   tensor_view<const T> state_on_host(slot, variable)  between steps
+//   void set_state(slot, variable, const T* values)     between steps
+// Optional:
+//   void parameter_set(variable, const T* values)       told after the towers' parameters were set, for
+//                                                       reducers that keep a master copy of their own
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "towerpipe/core/tensor_view.hpp"
+#include "towerpipe/exec/towers_contract.hpp"
+#include "towerpipe/stats.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+template <class Reducer, class Towers, class Optim, class T, class = void>
+struct reducer_has_average_and_apply : std::false_type {};
+template <class Reducer, class Towers, class Optim, class T>
+struct reducer_has_average_and_apply<
+    Reducer, Towers, Optim, T,
+    std::void_t<decltype(std::declval<Reducer&>().average_and_apply(
+        std::declval<Towers&>(), std::declval<const std::vector<T>&>(),
+        std::declval<const typename Optim::template step_constants<T>&>(), std::declval<stage_seconds&>()))>>
+    : std::true_type {};
+
+TOWERPIPE_DETECT_MEMBER(reducer_has_state_slots, std::declval<const T&>().state_slots());
+TOWERPIPE_DETECT_MEMBER(reducer_has_state_on_host, std::declval<T&>().state_on_host(std::size_t{}, std::size_t{}));
+TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std::size_t{}, std::size_t{}, nullptr));
+TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
+
+template <class Reducer, class Towers, class Optim, class T>
+constexpr bool check_reducer_contract() {
+  static_assert(reducer_has_average_and_apply<Reducer, Towers, Optim, T>::value,
+                "towerpipe: the reduction backend lacks 'average_and_apply(towers, weights, constants, stages)'");
+  static_assert(reducer_has_state_slots<Reducer>::value, "towerpipe: the reduction backend lacks 'state_slots() const'");
+  static_assert(reducer_has_state_on_host<Reducer>::value,
+                "towerpipe: the reduction backend lacks 'state_on_host(slot, variable)'");
+  static_assert(reducer_has_set_state<Reducer>::value,
+                "towerpipe: the reduction backend lacks 'set_state(slot, variable, values)'");
+  return true;
+}
+
+}  // namespace detail
+}  // namespace towerpipe
