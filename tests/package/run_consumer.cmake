@@ -27,3 +27,15 @@ endif()
 if(NOT EXISTS ${prefix}/share/towerpipe/shapes/resnet50.shapes)
   message(FATAL_ERROR "package test: resnet50.shapes was not installed with the benchmarks component")
 endif()
+
+# Outside CMake: the installed pkg-config file gives what a plain g++ command line needs.
+find_program(PKG_CONFIG pkg-config REQUIRED)
+set(ENV{PKG_CONFIG_PATH} ${prefix}/share/pkgconfig)
+execute_process(COMMAND ${PKG_CONFIG} --cflags --libs towerpipe OUTPUT_VARIABLE flags RESULT_VARIABLE result
+                OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "package test: pkg-config does not find the installed towerpipe.pc (${result})")
+endif()
+separate_arguments(flags UNIX_COMMAND "${flags}")
+run_step(g++ -std=c++17 -O2 ${CONSUMER_SOURCE_DIR}/consumer.cpp ${flags} -o ${WORK_DIR}/consumer_pkg_config)
+run_step(${WORK_DIR}/consumer_pkg_config)
