@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing towerpipe needs, where it is missing, from Debian's packages:
-# cmake, g++, ninja, Catch2 2.x, and for the training program zlib and OpenBLAS. Extra package names
+# cmake, g++, ninja, Catch2 2.x, clang with libFuzzer, and for the training program zlib and OpenBLAS. Extra package names
 # given as arguments are installed too (examples/run.sh asks for the data set). The CUDA toolkit is
 # optional (GPU tests are built where nvcc exists).
 set -euo pipefail
@@ -13,6 +13,9 @@ command -v pkg-config >/dev/null || needed+=(pkgconf)
 [ -f /usr/lib/cmake/Catch2/Catch2Config.cmake ] || [ -f /usr/share/cmake/Catch2/Catch2Config.cmake ] || needed+=(catch2)
 [ -f /usr/include/zlib.h ] || needed+=(zlib1g-dev)
 dpkg -s libopenblas-dev >/dev/null 2>&1 || needed+=(libopenblas-dev)
+# clang with libFuzzer for the checkpoint fuzzer (ctest fuzz.checkpoint_reader)
+command -v clang++ >/dev/null || needed+=(clang)
+dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || needed+=(libclang-rt-14-dev)
 for package in "$@"; do dpkg -s "$package" >/dev/null 2>&1 || needed+=("$package"); done
 [ ${#needed[@]} -eq 0 ] && exit 0
 

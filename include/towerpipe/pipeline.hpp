@@ -15,8 +15,14 @@
 // Overlapping input with compute: stage(next) before step(fn) starts copying the next batch to the
 // towers while this step runs (exec::cuda double-buffers it); step(fn) runs on the oldest staged batch
 // and consumes it, whether it succeeds or fails. step(batch, fn) is stage(batch) + step(fn).
+//
+// Threading: a pipeline is used by one thread at a time, like a standard container; its own threads
+// and streams run the towers. Calls that change it (stage, step, set_parameter, set_optimizer_state,
+// set_hyper, restore_steps_done) made while another one runs — from a second thread, or from inside a
+// tower function — throw towerpipe::error and change nothing. Reading between steps is free.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <cstdint>
@@ -78,6 +84,7 @@ class pipeline {
         hyper_parameters_(checked(h)) {
     if (towers == 0) detail::fail("a pipeline needs at least one tower");
     if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
+    check_input_specs(inputs_);
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_);
   }
@@ -97,6 +104,7 @@ class pipeline {
   const hyper_parameters& hyper() const { return hyper_parameters_; }
   // For schedules: takes effect from the next step; validated first, so a bad value changes nothing.
   void set_hyper(const hyper_parameters& h) {
+    const exclusive_call call(busy_, "set_hyper");
     if (Optim::state_slots(h) != Optim::state_slots(hyper_parameters_))
       detail::fail(Optim::name, ": new hyper-parameters need ", Optim::state_slots(h),
                    " optimizer state slot(s), the pipeline was built with ", Optim::state_slots(hyper_parameters_));
@@ -113,6 +121,7 @@ class pipeline {
 
   // Sets a variable's parameters on every tower.
   void set_parameter(std::size_t index, const value_type* values, std::size_t count) {
+    const exclusive_call call(busy_, "set_parameter");
     variables_->check_index(index);
     const variable& v = (*variables_)[index];
     if (count != v.size)
@@ -142,6 +151,7 @@ class pipeline {
     return reducer_->state_on_host(slot, index);
   }
   void set_optimizer_state(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
+    const exclusive_call call(busy_, "set_optimizer_state");
     check_state_slot(slot, index);
     if (count != (*variables_)[index].size)
       detail::fail(Optim::name, " state slot ", slot, " of '", (*variables_)[index].name, "' set with ", count,
@@ -151,13 +161,15 @@ class pipeline {
 
   // For resuming from a checkpoint: the next step is step + 1 (bias corrections depend on it).
   void restore_steps_done(std::int64_t steps) {
-    if (steps < 0) detail::fail("a step count cannot be negative (", steps, ")");
+    const exclusive_call call(busy_, "restore_steps_done");
+    check_step_count(steps);
     steps_done_ = steps;
   }
 
   // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
   // At most two batches may wait: the one the next step uses and the one after.
   void stage(const batch& examples) {
+    const exclusive_call call(busy_, "stage");
     const auto start = clock::now();
     if (towers_->staged() >= 2) detail::fail("two batches are staged already: call step(fn) before staging more");
     examples.check_against(inputs_);
@@ -182,6 +194,7 @@ class pipeline {
   // mean gradient of every variable over its shard and returns its loss (anything convertible to double).
   template <class TowerFn>
   step_stats step(TowerFn&& fn) {
+    const exclusive_call call(busy_, "step");
     if (towers_->staged() == 0) detail::fail("step(fn) needs a staged batch: call stage(batch) or step(batch, fn)");
     step_stats stats;
     const auto start = clock::now();
@@ -210,8 +223,33 @@ class pipeline {
     return stats;
   }
 
+ 
+  // The most steps a pipeline counts: bias corrections take the step as a double, exact up to 2^53.
+  static constexpr std::int64_t max_steps = std::int64_t(1) << 53;
+  static void check_step_count(std::int64_t steps) {
+    if (steps < 0 || steps > max_steps)
+      detail::fail("a step count must be in [0, 2^53]; ", steps, " given");
+  }
+
  private:
   using clock = std::chrono::steady_clock;
+
+  // Marks the pipeline busy for one changing call (see "Threading" at the top).
+  class exclusive_call {
+   public:
+    exclusive_call(std::atomic<bool>& busy, const char* what) : busy_(busy) {
+      if (busy_.exchange(true))
+        detail::fail("pipeline::", what, " called while another call on this pipeline runs (from another thread, ",
+                     "or from inside a tower function); a pipeline is used by one thread at a time");
+    }
+    ~exclusive_call() { busy_.store(false); }
+    exclusive_call(const exclusive_call&) = delete;
+    exclusive_call& operator=(const exclusive_call&) = delete;
+
+   private:
+    std::atomic<bool>& busy_;
+  };
+
   static double seconds_since(clock::time_point start) {
     return std::chrono::duration<double>(clock::now() - start).count();
   }
@@ -220,6 +258,17 @@ class pipeline {
     if (slot >= reducer_->state_slots())
       detail::fail(Optim::name, " has ", reducer_->state_slots(), " state slot(s) here; slot ", slot, " requested");
     variables_->check_index(index);
+  }
+
+  static void check_input_specs(const std::vector<input_spec>& inputs) {
+    if (inputs.empty()) detail::fail("a pipeline needs at least one input_spec (the batch's inputs, e.g. \"x\")");
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].name.empty()) detail::fail("input_spec #", i, " has an empty name");
+      for (std::size_t j = 0; j < i; ++j) {
+        if (inputs[j].name == inputs[i].name)
+          detail::fail("input_spec #", i, " repeats the name '", inputs[i].name, "' of input_spec #", j);
+      }
+    }
   }
 
   static const hyper_parameters& checked(const hyper_parameters& h) {
@@ -236,6 +285,7 @@ class pipeline {
   std::unique_ptr<reducer_type> reducer_;
   std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;
+  std::atomic<bool> busy_{false};
 };
 
 }  // namespace towerpipe

@@ -7,7 +7,11 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <glob.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <thread>
 
 #include "test_support.hpp"
 
@@ -74,7 +78,9 @@ TEST_CASE("a checkpoint round-trips into another layout and resumes bitwise", "[
   trainer<layout::flat<float>> first_half(variables, inputs, 3, optim::adam::hyper_parameters{});
   train_steps(first_half, 0, 5);
   save_checkpoint(first_half, path);
-  CHECK(std::ifstream(path + ".tmp." + std::to_string(::getpid())).fail());  // no temporary left behind
+  glob_t leftovers{};
+  CHECK(::glob((path + ".tmp.*").c_str(), 0, nullptr, &leftovers) == GLOB_NOMATCH);  // no temporary left behind
+  ::globfree(&leftovers);
 
   trainer<layout::per_variable<float>> resumed(variables, inputs, 3, optim::adam::hyper_parameters{});
   load_checkpoint(resumed, path);
@@ -109,6 +115,23 @@ TEST_CASE("damaged or mismatched checkpoints are rejected with the reason; nothi
   rejects(flipped, "corrupted: checksum mismatch");
   rejects("PK\x03\x04 not a checkpoint at all", "not a towerpipe checkpoint");
   CHECK_THROWS_WITH(load_checkpoint(target, path + ".missing"), Catch::Contains("cannot open"));
+  CHECK_THROWS_WITH(load_checkpoint(target, "/tmp"), Catch::Contains("checkpoint /tmp: not a regular file"));
+
+  // A step count out of range, with a checksum that matches: rejected before anything changes.
+  const auto with_steps = [&](const std::string& steps) {
+    std::string bytes = good.substr(0, good.size() - sizeof(std::uint64_t));
+    const std::size_t at = bytes.find("steps 3\n");
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, 8, "steps " + steps + "\n");
+    std::uint64_t header_size;
+    std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
+    header_size += steps.size() - 1;
+    std::memcpy(&bytes[12], &header_size, sizeof header_size);
+    const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
+    return bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
+  };
+  rejects(with_steps("-1"), "step count -1 is outside [0, 2^53]");
+  rejects(with_steps("9223372036854775807"), "step count 9223372036854775807 is outside");
 
   write_file(path, good);
   trainer<layout::flat<float>> other_shape(variable_set{{"w", {33, 8}}, {"b", {7}}}, inputs, 2,
@@ -119,4 +142,35 @@ TEST_CASE("damaged or mismatched checkpoints are rejected with the reason; nothi
   CHECK_THROWS_WITH(load_checkpoint(other_optimizer, path),
                     Catch::Contains("written by optimizer adam, this pipeline uses adamw"));
   std::remove(path.c_str());
+}
+
+TEST_CASE("saves to one path from several threads all succeed and leave one whole checkpoint", "[checkpoint]") {
+  const std::string path = temporary_path("concurrent.ckpt");
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(source, 0, 2);
+  std::vector<std::thread> savers;
+  std::vector<int> failures(4, 0);
+  for (int i = 0; i < 4; ++i) {
+    savers.emplace_back([&, i] {
+      for (int round = 0; round < 20; ++round) {
+        try {
+          save_checkpoint(source, path);
+        } catch (const error&) {
+          ++failures[static_cast<std::size_t>(i)];
+        }
+      }
+    });
+  }
+  for (std::thread& saver : savers) saver.join();
+  CHECK(failures == std::vector<int>(4, 0));
+  trainer<layout::flat<float>> loaded(variables, inputs, 2, optim::adam::hyper_parameters{});
+  load_checkpoint(loaded, path);
+  require_same_state(loaded, source);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a checkpoint that cannot be written says why and leaves no temporary", "[checkpoint][errors]") {
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
+  CHECK_THROWS_WITH(save_checkpoint(source, "/nonexistent-dir/x.ckpt"),
+                    Catch::Contains("checkpoint /nonexistent-dir/x.ckpt: cannot create a temporary file beside it"));
 }

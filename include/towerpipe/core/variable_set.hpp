@@ -26,9 +26,16 @@ class variable_set {
     for (const auto& [name, dims] : variables) add(name, dims);
   }
 
-  // Appends a variable; returns its index. Names must be non-empty and unique, extents positive.
+  // Appends a variable; returns its index. Names must be non-empty, unique and printable without
+  // whitespace (checkpoints and timelines write them as words); extents positive.
   std::size_t add(const std::string& name, const towerpipe::shape& dims) {
     if (name.empty()) detail::fail("variable #", variables_.size(), " has an empty name");
+    for (std::size_t i = 0; i < name.size(); ++i) {
+      const auto c = static_cast<unsigned char>(name[i]);
+      if (c <= ' ' || c == 0x7F)
+        detail::fail("variable #", variables_.size(), " name '", printable(name), "' has whitespace or a control ",
+                     "character at byte ", i, "; names are single words");
+    }
     if (index_.count(name) != 0) detail::fail("duplicate variable name '", name, "'");
     for (std::size_t extent : dims) {
       if (extent == 0) detail::fail("variable '", name, "' has a zero extent in shape ", to_string(dims));
@@ -61,6 +68,18 @@ class variable_set {
   }
 
  private:
+  // The name with control characters shown as \xNN, for messages.
+  static std::string printable(const std::string& name) {
+    static const char digits[] = "0123456789abcdef";
+    std::string shown;
+    for (char ch : name) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c < ' ' || c == 0x7F) shown += std::string("\\x") + digits[c >> 4] + digits[c & 15];
+      else shown += ch;
+    }
+    return shown;
+  }
+
   std::vector<variable> variables_;
   std::unordered_map<std::string, std::size_t> index_;
   std::size_t total_size_ = 0;

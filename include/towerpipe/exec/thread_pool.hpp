@@ -13,27 +13,32 @@
 #include <thread>
 #include <vector>
 
+#include "towerpipe/core/error.hpp"
+
 namespace towerpipe {
 namespace detail {
 
 class thread_pool {
  public:
-  // threads counts the caller: a pool of 1 runs everything on the calling thread.
+  // threads counts the caller: a pool of 1 runs everything on the calling thread. If the system refuses
+  // a thread (a resource limit), the threads already started are stopped and joined before the
+  // towerpipe::error leaves: unwinding past waiting workers would hang or terminate.
   explicit thread_pool(std::size_t threads) {
-    for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
+    try {
+      workers_.reserve(threads > 0 ? threads - 1 : 0);
+      for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
+    } catch (const std::exception& e) {
+      const std::size_t started = workers_.size() + 1;
+      stop_and_join();
+      fail("cannot start ", threads, " host threads (", started, " started): ", e.what(),
+           "; lower pipeline_options::host_threads");
+    }
   }
 
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
 
-  ~thread_pool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_workers_.notify_all();
-    for (std::thread& worker : workers_) worker.join();
-  }
+  ~thread_pool() { stop_and_join(); }
 
   std::size_t threads() const { return workers_.size() + 1; }
 
@@ -58,6 +63,15 @@ class thread_pool {
   }
 
  private:
+  void stop_and_join() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_workers_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+  }
+
   void take_tasks(const std::function<void(std::size_t)>& fn, std::vector<std::exception_ptr>& failures,
                   std::size_t tasks) {
     for (std::size_t task = next_task_.fetch_add(1); task < tasks; task = next_task_.fetch_add(1)) {

@@ -9,18 +9,19 @@
 // policies, for information), variables, then "variable NAME DIM..." per variable. payload: every
 // variable's parameters in order, then every state slot's variables in order.
 //
-// Writing is atomic: a temporary file beside the target, flushed and fsync'ed, then renamed over it.
+// Writing is atomic: a uniquely named temporary file beside the target, fsync'ed, renamed over it, and
+// the directory fsync'ed.
 // Reading checks everything — magic, version, size, checksum, optimizer, slots, variable names and
 // shapes — before it changes anything, and says which check failed.
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -48,33 +49,71 @@ T read_raw(const std::string& in, std::size_t offset) {
   return value;
 }
 
-// Writes `bytes` to `path` atomically: temp file, fsync, rename.
+// The directory part of a path ("." for a bare file name), for fsync'ing it after a rename.
+inline std::string directory_of(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Writes `bytes` to `path` atomically: a uniquely named temporary beside it (mkstemp: two saves to one
+// path never share it), fsync, rename, then fsync of the directory so that the rename itself is durable.
 inline void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail("checkpoint ", path, ": cannot create ", temporary, ": ", std::strerror(errno));
-  std::size_t written = 0;
-  while (written < bytes.size()) {
+  std::string temporary = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) fail("checkpoint ", path, ": cannot create a temporary file beside it: ", std::strerror(errno));
+  const auto give_up = [&](const char* what) {
+    const std::string reason = std::strerror(errno);
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    fail("checkpoint ", path, ": ", what, " failed: ", reason);
+  };
+  if (::fchmod(fd, 0644) != 0) give_up("chmod");
+  for (std::size_t written = 0; written < bytes.size();) {
     const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string reason = std::strerror(errno);
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      fail("checkpoint ", path, ": write failed: ", reason);
-    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) give_up("write");
     written += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  if (::fsync(fd) != 0) give_up("fsync");
+  if (::close(fd) != 0) {
     const std::string reason = std::strerror(errno);
     ::unlink(temporary.c_str());
-    fail("checkpoint ", path, ": fsync/close failed: ", reason);
+    fail("checkpoint ", path, ": close failed: ", reason);
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     const std::string reason = std::strerror(errno);
     ::unlink(temporary.c_str());
     fail("checkpoint ", path, ": rename failed: ", reason);
   }
+  const std::string directory = directory_of(path);
+  const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir < 0) fail("checkpoint ", path, ": written, but its directory cannot be opened to sync: ", std::strerror(errno));
+  const bool synced = ::fsync(dir) == 0;
+  const std::string reason = synced ? "" : std::strerror(errno);
+  ::close(dir);
+  if (!synced) fail("checkpoint ", path, ": written, but syncing its directory failed: ", reason);
+}
+
+// The whole of a regular file; any failure (missing, a directory, a read error) is a towerpipe::error.
+inline std::string read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail("checkpoint ", path, ": cannot open: ", std::strerror(errno));
+  std::string bytes;
+  struct stat info {};
+  const bool regular = ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  char block[1 << 16];
+  ssize_t n = 0;
+  while (regular && (n = ::read(fd, block, sizeof block)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    bytes.append(block, static_cast<std::size_t>(n));
+  }
+  const std::string reason = std::strerror(errno);
+  ::close(fd);
+  if (!regular) fail("checkpoint ", path, ": not a regular file");
+  if (n < 0) fail("checkpoint ", path, ": read failed: ", reason);
+  return bytes;
 }
 
 inline std::string describe_variables(const variable_set& variables) {
@@ -89,8 +128,11 @@ inline std::string describe_variables(const variable_set& variables) {
 
 }  // namespace detail
 
+namespace detail {
+
+// The checkpoint file's bytes (see the top) for a pipeline.
 template <class Pipeline>
-void save_checkpoint(const Pipeline& pipeline, const std::string& path) {
+std::string checkpoint_bytes(const Pipeline& pipeline) {
   using T = typename Pipeline::value_type;
   const variable_set& variables = pipeline.variables();
   std::ostringstream header;
@@ -114,15 +156,22 @@ void save_checkpoint(const Pipeline& pipeline, const std::string& path) {
     for (std::size_t v = 0; v < variables.count(); ++v) append_view(pipeline.optimizer_state(slot, v));
   }
   detail::append_raw(bytes, fnv1a(bytes.data(), bytes.size()));
-  detail::write_file_atomically(path, bytes);
+  return bytes;
 }
 
+}  // namespace detail
+
 template <class Pipeline>
-void load_checkpoint(Pipeline& pipeline, const std::string& path) {
+void save_checkpoint(const Pipeline& pipeline, const std::string& path) {
+  detail::write_file_atomically(path, detail::checkpoint_bytes(pipeline));
+}
+
+namespace detail {
+
+// load_checkpoint on bytes already read; `path` names them in messages (the fuzz harness calls this).
+template <class Pipeline>
+void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const std::string& path) {
   using T = typename Pipeline::value_type;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) detail::fail("checkpoint ", path, ": cannot open");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto reject = [&](const auto&... why) { detail::fail("checkpoint ", path, ": ", why...); };
 
   const std::size_t preamble = sizeof detail::checkpoint_magic + sizeof(std::uint32_t) + sizeof(std::uint64_t);
@@ -159,6 +208,7 @@ void load_checkpoint(Pipeline& pipeline, const std::string& path) {
   const auto value_bytes = static_cast<std::size_t>(number("value_bytes"));
   const auto slots = static_cast<std::size_t>(number("state_slots"));
   const long long steps = number("steps");
+  if (steps < 0 || steps > Pipeline::max_steps) reject("step count ", steps, " is outside [0, 2^53]");
   field("written_by");
   const long long count = number("variables");
   variable_set variables;
@@ -210,6 +260,13 @@ void load_checkpoint(Pipeline& pipeline, const std::string& path) {
     for (std::size_t v = 0; v < mine.count(); ++v) pipeline.set_optimizer_state(slot, v, next(mine[v].size), mine[v].size);
   }
   pipeline.restore_steps_done(steps);
+}
+
+}  // namespace detail
+
+template <class Pipeline>
+void load_checkpoint(Pipeline& pipeline, const std::string& path) {
+  detail::load_checkpoint_bytes(pipeline, detail::read_whole_file(path), path);
 }
 
 }  // namespace towerpipe

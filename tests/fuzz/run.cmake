@@ -1,0 +1,24 @@
+# ctest fuzz.checkpoint_reader: builds tests/fuzz/checkpoint_fuzz.cpp with clang's libFuzzer, ASan and
+# UBSan and fuzzes the checkpoint reader for SECONDS, starting from a copy of the seed corpus (the copy
+# grows, the committed seeds stay). Prints "check skipped" (ctest: skipped) where clang cannot link
+# libFuzzer; tests/run.sh installs it for CI.
+find_program(CLANGXX NAMES clang++ clang++-14)
+set(harness ${WORK_DIR}/checkpoint_fuzz)
+if(CLANGXX)
+  execute_process(COMMAND ${CLANGXX} -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+                    -I${INCLUDE_DIR} ${SOURCE_DIR}/checkpoint_fuzz.cpp -o ${harness}
+                  RESULT_VARIABLE built ERROR_VARIABLE diagnostics)
+endif()
+if(NOT CLANGXX OR NOT built EQUAL 0)
+  message("check skipped: no clang++ with libFuzzer here (${CLANGXX}): ${diagnostics}")
+  return()
+endif()
+file(REMOVE_RECURSE ${WORK_DIR}/corpus)
+file(COPY ${SOURCE_DIR}/corpus/ DESTINATION ${WORK_DIR}/corpus)
+execute_process(COMMAND ${harness} -max_total_time=${SECONDS} -print_final_stats=1 ${WORK_DIR}/corpus
+                RESULT_VARIABLE result ERROR_VARIABLE log)
+string(REGEX MATCH "stat::number_of_executed_units: *[0-9]+" runs "${log}")
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "the checkpoint fuzzer failed (${result}):\n${log}")
+endif()
+message("checkpoint reader fuzzed for ${SECONDS} s without a finding (${runs})")
