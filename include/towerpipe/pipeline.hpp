@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <cstdint>
 #include <functional>
@@ -41,6 +42,7 @@
 #include "towerpipe/exec/towers_contract.hpp"
 #include "towerpipe/reduce/reducer_contract.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/screen.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
 #include "towerpipe/trace/tracer.hpp"
@@ -85,6 +87,8 @@ class pipeline {
     if (towers == 0) detail::fail("a pipeline needs at least one tower");
     if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
     check_input_specs(inputs_);
+    check_options(options_, towers, variables_->count());
+    if (options_.loss_scale.mode != loss_scale_mode::off) loss_scale_ = static_cast<float>(options_.loss_scale.initial_scale);
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_);
   }
@@ -159,6 +163,19 @@ class pipeline {
     reducer_->set_state(slot, index, values);
   }
 
+  // The loss scale the tower functions multiply their loss by (1 when loss scaling is off), and the
+  // count of good steps towards its next growth; both for checkpoints and schedules.
+  double loss_scale() const { return loss_scale_; }
+  std::int64_t loss_scale_good_steps() const { return good_steps_; }
+  void set_loss_scale(double scale, std::int64_t good_steps = 0) {
+    const exclusive_call call(busy_, "set_loss_scale");
+    if (!(scale > 0) || !std::isfinite(static_cast<float>(scale)) || good_steps < 0)
+      detail::fail("a loss scale must be positive and finite in float, its good-step count >= 0; ", scale, " and ",
+                   good_steps, " given");
+    loss_scale_ = static_cast<float>(scale);
+    good_steps_ = good_steps;
+  }
+
   // For resuming from a checkpoint: the next step is step + 1 (bias corrections depend on it).
   void restore_steps_done(std::int64_t steps) {
     const exclusive_call call(busy_, "restore_steps_done");
@@ -212,12 +229,20 @@ class pipeline {
 
     const auto reduce_start = clock::now();
     const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
-    reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
-    tracer_.span("average + apply + broadcast", reduce_start, clock::now(), steps_done_ + 1, "reduce");
-    if constexpr (detail::towers_has_finish_step<towers_type>::value) towers_->finish_step(steps_done_ + 1);
+    stats.step = steps_done_ + 1;
+    if (checked()) {
+      average_screen_and_apply(weights, constants, stats);
+    } else {
+      reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
+    }
+    tracer_.span(stats.skipped        ? "average + screen (skipped)"
+                 : stats.accumulating ? "average + accumulate"
+                                      : "average + apply + broadcast",
+                 reduce_start,
+                 clock::now(), stats.step, "reduce");
+    if constexpr (detail::towers_has_finish_step<towers_type>::value) towers_->finish_step(stats.step);
 
-    ++steps_done_;
-    stats.step = steps_done_;
+    if (!stats.skipped && !stats.accumulating) ++steps_done_;
     stats.seconds = seconds_since(start);
     stats.examples_per_second = static_cast<double>(stats.examples) / stats.seconds;
     return stats;
@@ -233,6 +258,126 @@ class pipeline {
 
  private:
   using clock = std::chrono::steady_clock;
+
+  bool checked() const {
+    return options_.on_nonfinite != nonfinite_policy::unchecked || options_.max_grad_norm > 0 ||
+           options_.loss_scale.mode != loss_scale_mode::off || options_.accumulation_steps > 1;
+  }
+
+
+  // A checked step (reduce/screen.hpp): average and screen; skip or throw on a non-finite average;
+  // clip; apply.
+  void average_screen_and_apply(const std::vector<value_type>& weights,
+                                const typename Optim::template step_constants<value_type>& constants, step_stats& stats) {
+    // Unscaling folded into the weights: (w * 2^-k) * g rounds as 2^-k * (w * g) does.
+    stats.loss_scale = loss_scale_;
+    std::vector<value_type> unscaled(weights);
+    if (options_.loss_scale.mode != loss_scale_mode::off) {
+      const auto inverse = static_cast<value_type>(1.0 / loss_scale_);  // torch: scale.double().reciprocal().float()
+      for (value_type& w : unscaled) w = w * inverse;
+    }
+    const detail::accumulation<value_type> window = accumulation_for(stats);
+    detail::screen_partials screen;
+    try {
+      screen = reducer_->screen_average(*towers_, unscaled, window, stats.stages);
+    } catch (...) {
+      reset_accumulation();  // the running sum may be half written: the window starts again
+      throw;
+    }
+    const detail::nonfinite_key first_nonfinite = std::min(screen.first_nonfinite, pending_nonfinite_);
+    if (!window.last) {
+      stats.accumulating = true;
+      ++micro_batch_;
+      accumulated_examples_ += stats.examples;
+      pending_nonfinite_ = first_nonfinite;
+      return;
+    }
+    reset_accumulation();
+    stats.gradient_norm = std::sqrt(screen.sum_of_squares());
+    const bool finite = first_nonfinite == detail::no_nonfinite;
+    if (options_.loss_scale.mode == loss_scale_mode::dynamic) update_loss_scale(finite);
+    if (!finite && options_.on_nonfinite != nonfinite_policy::unchecked) {
+      stats.nonfinite = describe(detail::decode_nonfinite_key(first_nonfinite));
+      stats.skipped = true;
+      if (options_.on_nonfinite == nonfinite_policy::throw_error)
+        detail::fail("step ", stats.step, ": non-finite averaged gradient at element ", stats.nonfinite->element,
+                     " ", stats.nonfinite->index, " of variable '", stats.nonfinite->variable_name, "': ",
+                     stats.nonfinite->tower ? detail::make_message("tower ", *stats.nonfinite->tower, "'s gradient is non-finite there")
+                                            : std::string("every tower's gradient is finite there, their weighted sum overflowed"),
+                     "; nothing was updated");
+      return;
+    }
+    if (options_.max_grad_norm > 0)  // torch.nn.utils.clip_grad_norm_: clamp(max_norm / (norm + 1e-6), max=1)
+      stats.clip_coefficient = std::min(1.0, options_.max_grad_norm / (*stats.gradient_norm + 1e-6));
+    reducer_->apply_averaged(*towers_, static_cast<value_type>(stats.clip_coefficient), constants, stats.stages);
+  }
+
+  // Where this step's batch stands in the accumulation window (reduce/screen.hpp, accumulation).
+  detail::accumulation<value_type> accumulation_for(step_stats& stats) const {
+    detail::accumulation<value_type> window;
+    stats.micro_batch = micro_batch_ + 1;
+    if (options_.accumulation_steps == 1) return window;
+    window.first = micro_batch_ == 0;
+    window.last = micro_batch_ + 1 == options_.accumulation_steps;
+    window.micro_weight = static_cast<value_type>(stats.examples);
+    window.inverse_total = static_cast<value_type>(1.0 / static_cast<double>(accumulated_examples_ + stats.examples));
+    return window;
+  }
+  void reset_accumulation() {
+    micro_batch_ = 0;
+    accumulated_examples_ = 0;
+    pending_nonfinite_ = detail::no_nonfinite;
+  }
+
+  // torch's _amp_update_scale_: the scale a float, each product taken in double and rounded to float.
+  void update_loss_scale(bool finite) {
+    const loss_scaling& rules = options_.loss_scale;
+    if (!finite) {
+      loss_scale_ = static_cast<float>(static_cast<double>(loss_scale_) * rules.backoff_factor);
+      good_steps_ = 0;
+      return;
+    }
+    if (++good_steps_ < rules.growth_interval) return;
+    const float grown = static_cast<float>(static_cast<double>(loss_scale_) * rules.growth_factor);
+    if (std::isfinite(grown)) loss_scale_ = grown;
+    good_steps_ = 0;
+  }
+
+  static void check_loss_scaling(const pipeline_options& options) {
+    const loss_scaling& rules = options.loss_scale;
+    if (rules.mode == loss_scale_mode::off) return;
+    if (!(rules.initial_scale > 0) || !std::isfinite(static_cast<float>(rules.initial_scale)))
+      detail::fail("loss_scaling::initial_scale must be positive and finite in float; ", rules.initial_scale, " given");
+    if (rules.mode == loss_scale_mode::fixed) return;
+    if (!(rules.growth_factor > 1)) detail::fail("loss_scaling::growth_factor must be > 1; ", rules.growth_factor, " given");
+    if (!(rules.backoff_factor > 0 && rules.backoff_factor < 1))
+      detail::fail("loss_scaling::backoff_factor must be in (0, 1); ", rules.backoff_factor, " given");
+    if (rules.growth_interval < 1) detail::fail("loss_scaling::growth_interval must be >= 1; ", rules.growth_interval, " given");
+    if (options.on_nonfinite != nonfinite_policy::skip)
+      detail::fail("dynamic loss scaling skips the steps that overflow by design: it needs on_nonfinite = skip");
+  }
+
+  nonfinite_gradient describe(const detail::nonfinite_place& place) const {
+    const variable& v = (*variables_)[place.variable];
+    nonfinite_gradient found{place.variable, v.name, place.element, shaped_index(v, place.element), std::nullopt};
+    if (place.tower != detail::nonfinite_sum_tower) found.tower = place.tower;
+    return found;
+  }
+
+  static void check_options(const pipeline_options& options, std::size_t towers, std::size_t variables) {
+    check_loss_scaling(options);
+    if (options.accumulation_steps == 0) detail::fail("pipeline_options::accumulation_steps must be >= 1");
+    if (!(options.max_grad_norm >= 0) || std::isinf(options.max_grad_norm))
+      detail::fail("pipeline_options::max_grad_norm must be finite and >= 0 (0: no clipping); ", options.max_grad_norm, " given");
+    const bool checks = options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
+                        options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;
+    if (checks && towers >= detail::nonfinite_sum_tower)
+      detail::fail("a checked pipeline takes at most ", detail::nonfinite_sum_tower - 1, " towers, ", towers,
+                   " requested (pipeline_options::on_nonfinite = unchecked lifts the limit)");
+    if (checks && variables >= detail::max_screened_variables)
+      detail::fail("a checked pipeline takes fewer than ", detail::max_screened_variables, " variables, ", variables,
+                   " given");
+  }
 
   // Marks the pipeline busy for one changing call (see "Threading" at the top).
   class exclusive_call {
@@ -286,6 +431,11 @@ class pipeline {
   std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;
   std::atomic<bool> busy_{false};
+  float loss_scale_ = 1.0f;      // pipeline_options::loss_scale; a float, as GradScaler's
+  std::int64_t good_steps_ = 0;  // finite steps in a row since the scale last changed (dynamic)
+  // Gradient accumulation: micro-batches and examples so far in this window, and their first non-finite.
+  std::size_t micro_batch_ = 0, accumulated_examples_ = 0;
+  detail::nonfinite_key pending_nonfinite_ = detail::no_nonfinite;
 };
 
 }  // namespace towerpipe

@@ -2,12 +2,35 @@
 // Run-time options of a pipeline; each execution space reads the ones that concern it.
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "towerpipe/split.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
+
+// What a step does when the towers' averaged gradient holds an infinity or a NaN.
+enum class nonfinite_policy {
+  skip,         // the step changes nothing (parameters, optimizer state, replicas, step count) and says where
+                // in step_stats::nonfinite; the next step runs normally
+  throw_error,  // the same, and step() throws a towerpipe::error naming tower, variable and element
+  unchecked,    // no check, one fused pass (the fastest): a non-finite gradient reaches the parameters
+};
+
+// Loss scaling with torch.cuda.amp.GradScaler's semantics and defaults. The tower functions multiply
+// their loss by pipeline::loss_scale() before differentiating; a checked step divides the average by
+// it (folded into the towers' weights: exact for powers of two, which the defaults keep the scale at)
+// before it screens, clips and applies. dynamic: a non-finite step is skipped and the scale multiplied
+// by backoff_factor; after growth_interval good steps in a row it is multiplied by growth_factor.
+enum class loss_scale_mode { off, fixed, dynamic };
+struct loss_scaling {
+  loss_scale_mode mode = loss_scale_mode::off;
+  double initial_scale = 65536.0;  // 2^16
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+};
 
 struct pipeline_options {
   split_policy split = split_policy::weighted;
@@ -22,6 +45,20 @@ struct pipeline_options {
   // the step on any element still holding it afterwards (exec/tower_context.hpp, the gradient contract).
   // Costs a fill and a scan of every gradient per tower and step.
   bool poison_gradients = false;
+
+  // A checked step (anything but unchecked, or clipping on) averages first, screens the average
+  // (reduce/screen.hpp) and applies second: 2 sizeof(T) more bytes per parameter than one fused pass.
+  nonfinite_policy on_nonfinite = nonfinite_policy::skip;
+  // Global-norm clipping of the averaged gradient, as torch.nn.utils.clip_grad_norm_(max_norm): the
+  // gradient is multiplied by min(1, max_grad_norm / (norm + 1e-6)) before the optimizer. 0: off.
+  double max_grad_norm = 0;
+  // Off by default; fixed or dynamic need a checked step (dynamic: on_nonfinite = skip).
+  loss_scaling loss_scale;
+  // Gradient accumulation: the optimizer runs after every accumulation_steps-th step() call (a
+  // micro-batch), on the average over all their examples: sum_m examples_m * average_m / sum_m examples_m,
+  // added up micro-batch by micro-batch in the screen's buffer (a checked step). Equal to one step on
+  // the concatenated batch up to rounding; bitwise the plain step for 1.
+  std::size_t accumulation_steps = 1;
 };
 
 }  // namespace towerpipe

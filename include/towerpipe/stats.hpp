@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace towerpipe {
@@ -20,6 +22,17 @@ struct stage_seconds {
                          // uploads; none for device0 (fused) and exec::host (shared parameters)
 };
 
+// The first non-finite value of a step's averaged gradient, in (variable, element) order.
+struct nonfinite_gradient {
+  std::size_t variable = 0;
+  std::string variable_name;
+  std::size_t element = 0;  // flat index into the variable
+  std::string index;        // the same by shape, "(3, 17)"
+  // The lowest-numbered tower whose own gradient is non-finite at that element; empty when every tower's
+  // value was finite and their weighted sum overflowed.
+  std::optional<std::size_t> tower;
+};
+
 struct step_stats {
   std::int64_t step = 0;       // the optimizer step this was, counting from 1
   std::size_t examples = 0;    // examples used (a drop_remainder split may leave some out)
@@ -28,6 +41,17 @@ struct step_stats {
   double seconds = 0;
   double examples_per_second = 0;
   stage_seconds stages;
+
+  // Checked steps (pipeline_options::on_nonfinite, max_grad_norm):
+  bool skipped = false;                         // a non-finite gradient: nothing was updated
+  std::optional<nonfinite_gradient> nonfinite;  // where, when the average was not finite
+  std::optional<double> gradient_norm;          // L2 norm of the averaged gradient, before clipping
+  double clip_coefficient = 1;                  // what the averaged gradient was multiplied by
+  double loss_scale = 1;                        // the loss scale of this step (pipeline_options::loss_scale)
+  // Gradient accumulation (pipeline_options::accumulation_steps): which micro-batch of `step` this was,
+  // from 1; true while the optimizer waits for more.
+  std::size_t micro_batch = 1;
+  bool accumulating = false;
 };
 
 }  // namespace towerpipe

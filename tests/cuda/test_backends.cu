@@ -4,7 +4,9 @@
 // Every backend for GPU towers (device0, p2p_tree, host) x layout x optimizer, for 1..8 towers on the GPU(s) present (several towers
 // per device where there are fewer devices), against the exec::host pipeline: after 10 steps on fresh
 // random gradients every replica must equal the host's parameters bitwise. Replicas other than the
-// root's are poisoned before each step, so a replica the broadcast misses shows.
+// root's are poisoned before each step, so a replica the broadcast misses shows. Each runs unchecked (one
+// fused pass) and checked (screen + apply, reduce/screen.hpp) with clipping on and a NaN in one step,
+// which every backend must skip, naming the tower, variable and element as the host does.
 #include <towerpipe/cuda.cuh>
 #include <towerpipe/io/checkpoint.hpp>
 
@@ -66,27 +68,30 @@ void write_device_gradients(Context& tower, const step_gradients& step) {
   TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));  // g lives on the host in the test's plan
 }
 
-// Runs plan steps [first, last) on a pipeline of examples x 1 input "x".
+// Runs plan steps [first, last) on a pipeline of examples x 1 input "x"; returns the last step's stats.
 template <class Pipeline>
-void run_plan(Pipeline& p, const gradient_plan& plan, std::size_t first, std::size_t last, std::size_t examples) {
+step_stats run_plan(Pipeline& p, const gradient_plan& plan, std::size_t first, std::size_t last, std::size_t examples) {
   const std::vector<float> x(examples, 1.0f);
   batch b;
   b.add("x", x.data(), examples, {1});
+  step_stats stats;
   for (std::size_t s = first; s < last; ++s) {
-    p.step(b, [&](typename Pipeline::tower_context& tower) {
+    stats = p.step(b, [&](typename Pipeline::tower_context& tower) {
       if constexpr (std::is_same_v<typename Pipeline::exec_policy, exec::host>) write_host_gradients(tower, plan[s]);
       else write_device_gradients(tower, plan[s]);
       return 0.0;
     });
   }
+  return stats;
 }
 
 template <class Optim>
 std::vector<std::vector<float>> host_reference(const gradient_plan& plan, std::size_t towers, std::size_t examples,
                                                const typename Optim::hyper_parameters& h,
-                                               const std::vector<std::vector<float>>& initial) {
+                                               const std::vector<std::vector<float>>& initial,
+                                               const pipeline_options& options) {
   using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
-  trainer p(test_variables, test_inputs, towers, h);
+  trainer p(test_variables, test_inputs, towers, h, options);
   for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
   run_plan(p, plan, 0, plan.size(), examples);
   std::vector<std::vector<float>> result;
@@ -101,19 +106,26 @@ std::vector<float> read_variable(const Buffer& buffer, std::size_t v) {
   return host;
 }
 
+// The step of a checked run whose gradients hold a NaN: tower towers - 1, variable "odd", element 4000.
+constexpr std::size_t nan_step = 3;
+
 template <class Reduce, class Optim, class Layout>
-void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h, std::uint64_t salt,
+                   const pipeline_options& options) {
   random_source random(salt);
-  INFO(Reduce::name << " " << Optim::name << " " << Layout::name << ", " << towers << " towers, seed " << random.seed());
+  const bool checked = options.on_nonfinite != nonfinite_policy::unchecked;
+  INFO(Reduce::name << " " << Optim::name << " " << Layout::name << ", " << towers << " towers, "
+                    << (checked ? "checked and clipped" : "unchecked") << ", seed " << random.seed());
   const int steps = 10;
   const std::size_t examples = 3 * towers - 1;  // uneven: distinct weights
-  const gradient_plan plan = draw_plan(random, towers, steps);
+  gradient_plan plan = draw_plan(random, towers, steps);
+  if (checked) plan[nan_step][towers - 1][3][4000] = std::nanf("");
   std::vector<std::vector<float>> initial;
   for (const variable& v : test_variables) initial.push_back(random.normal(v.size));
-  const auto expected = host_reference<Optim>(plan, towers, examples, h, initial);
+  const auto expected = host_reference<Optim>(plan, towers, examples, h, initial, options);
 
   using trainer = pipeline<exec::cuda, Reduce, Optim, Layout>;
-  trainer p(test_variables, test_inputs, towers, h);
+  trainer p(test_variables, test_inputs, towers, h, options);
   for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
   auto& space = p.execution_space();
   for (std::size_t s = 0; s < plan.size(); ++s) {
@@ -122,8 +134,24 @@ void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h
         TOWERPIPE_CUDA_CHECK(cudaMemset(space.replica(t).data(v), 0xFF, space.replica(t).view(v).size() * sizeof(float)));  // NaN
     }
     REQUIRE_CUDA(cudaDeviceSynchronize());  // the towers' non-blocking streams do not wait for the default stream
-    run_plan(p, plan, s, s + 1, examples);
+    const step_stats stats = run_plan(p, plan, s, s + 1, examples);
+    if (checked && s == nan_step) {
+      REQUIRE(stats.skipped);
+      CHECK(stats.nonfinite->tower == std::optional<std::size_t>(towers - 1));
+      CHECK(stats.nonfinite->variable_name == "odd");
+      CHECK(stats.nonfinite->element == 4000);
+      // A skipped step writes no replica: restore the poisoned ones from tower 0's.
+      for (std::size_t t = 1; t < towers; ++t) {
+        for (std::size_t v = 0; v < test_variables.count(); ++v)
+          REQUIRE_CUDA(cudaMemcpy(space.replica(t).data(v), space.replica(0).data(v),
+                                  space.replica(t).view(v).size() * sizeof(float), cudaMemcpyDefault));
+      }
+    } else if (checked) {
+      CHECK_FALSE(stats.skipped);
+      CHECK(stats.clip_coefficient < 1.0);
+    }
   }
+  CHECK(p.steps_done() == (checked ? steps - 1 : steps));
   for (std::size_t t = 0; t < towers; ++t) {
     INFO("replica " << t);
     for (std::size_t v = 0; v < test_variables.count(); ++v)
@@ -140,10 +168,16 @@ void check_all_optimizers(std::uint64_t salt) {
   optim::adam::hyper_parameters adam;
   adam.lr = 0.01;
   adam.weight_decay = 0.1;
-  for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
-    check_backend<Reduce, optim::sgd, Layout>(towers, momentum, salt + towers);
-    check_backend<Reduce, optim::adam, Layout>(towers, adam, salt + 10 + towers);
-    check_backend<Reduce, optim::adamw, Layout>(towers, optim::adamw::hyper_parameters{}, salt + 20 + towers);
+  // The single fused pass, and the checked one (screen + apply) with clipping and a NaN step.
+  pipeline_options unchecked, checked;
+  unchecked.on_nonfinite = nonfinite_policy::unchecked;
+  checked.max_grad_norm = 1.0;
+  for (const pipeline_options& options : {unchecked, checked}) {
+    for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
+      check_backend<Reduce, optim::sgd, Layout>(towers, momentum, salt + towers, options);
+      check_backend<Reduce, optim::adam, Layout>(towers, adam, salt + 10 + towers, options);
+      check_backend<Reduce, optim::adamw, Layout>(towers, optim::adamw::hyper_parameters{}, salt + 20 + towers, options);
+    }
   }
 }
 

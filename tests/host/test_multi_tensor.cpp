@@ -51,7 +51,8 @@ TEST_CASE("the tree rounds reproduce the canonical sum bitwise", "[multi_tensor]
       float result = 0;
       for (std::size_t r = 0; r < rounds.size(); ++r) {
         for (const tree_edge<float>& edge : rounds[r]) {
-          const float combined = edge.combine<1>(sums, 0, 0).value[0];
+          nonfinite_key unchecked = no_nonfinite;
+          const float combined = edge.combine<1>(sums, 0, 0, unchecked).value[0];
           if (r + 1 == rounds.size()) {
             REQUIRE(edge.left == 0);
             result = combined;
@@ -174,7 +175,7 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
       if (kind == backend::p2p_tree && n > 1) {
         const auto rounds = canonical_tree_rounds<float>(n, weights);
         for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
-          for (const tree_edge<float>& edge : rounds[r]) run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge}, devices.chunks());
+          for (const tree_edge<float>& edge : rounds[r]) run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge, nullptr}, devices.chunks());
         }
         // The root's pass writes tower 0 and its children in the tree; every other tower pulls from its parent.
         std::vector<int> root_targets{0};
@@ -266,6 +267,113 @@ TEST_CASE("transfer groups partition the chunk table and their ranges cover ever
     }
     for (const auto& counts : covered) {
       for (int c : counts) REQUIRE(c == 1);
+    }
+  }
+}
+
+namespace {
+
+// A checked step as the device backends run it (reduce/screen.hpp), on the host: the screen's lane
+// program over every tile (a warp's 32 lanes one after another, then pairwise_lane_sum, which the
+// kernel does with shuffles), then fused_apply_agent over the average with the clip coefficient as its
+// one weight. Returns the screen's partials.
+template <class Optim, class Layout>
+screen_partials emulated_checked_step(backend kind, emulated_devices<Optim, Layout>& devices, const variable_set& variables,
+                                      const std::vector<float>& weights, double max_norm,
+                                      const typename Optim::template step_constants<float>& constants) {
+  typename Layout::template buffer<host_memory> average(variables);
+  std::vector<float*> average_pointers = gather_pointers<float>(std::vector<decltype(&average)>{&average});
+  const pointer_table<float> averaged{average_pointers.data(), static_cast<int>(variables.count())};
+  const pointer_table<const float> gradients{devices.gradient_table().pointers, static_cast<int>(variables.count())};
+  const int n = devices.towers();
+  screen_partials partials;
+  const auto screen_tiles = [&](const auto& source) {
+    for (const tensor_chunk& tile : make_chunk_table(variables, screen_tile_elements)) {
+      const screen_lane_result r = host_screen_tile(source, averaged, tile);
+      partials.tile_sums.push_back(r.sum_of_squares);
+      partials.first_nonfinite = std::min(partials.first_nonfinite, r.first_nonfinite);
+    }
+  };
+  if (kind == backend::p2p_tree && n > 1) {
+    const auto rounds = canonical_tree_rounds<float>(n, weights);
+    for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
+      for (const tree_edge<float>& edge : rounds[r])
+        run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge, &partials.first_nonfinite}, devices.chunks());
+    }
+    const edge_average_source<float> edge{devices.gradient_table(), rounds.back().front()};
+    screen_tiles(accumulating_source<edge_average_source<float>, float>{edge, averaged, {}});
+  } else {
+    accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{{gradients, n, {}}, averaged, {}};
+    std::copy(weights.begin(), weights.end(), source.inner.weights.value);
+    screen_tiles(source);
+  }
+  if (partials.first_nonfinite != no_nonfinite) return partials;
+  const float coefficient = static_cast<float>(std::min(1.0, max_norm / (std::sqrt(partials.sum_of_squares()) + 1e-6)));
+  const pointer_table<const float> average_table{average_pointers.data(), static_cast<int>(variables.count())};
+  run_agent_on_host(fused_apply_agent<Optim, float, 1>{average_table, 1, {coefficient}, devices.apply(n, constants)},
+                    devices.chunks());
+  return partials;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host's: norm, clip, first non-finite",
+                   "[multi_tensor][checked]", layout::flat<float>, layout::per_variable<float>) {
+  using trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<float>>;
+  // "tail" spans three screen tiles, the last one partial and not a whole number of groups.
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {4101}}};
+  optim::adam::hyper_parameters h;
+  h.lr = 0.01;
+  random_source random(70);
+  for (backend kind : {backend::device0_runtime_towers, backend::p2p_tree}) {
+    for (std::size_t towers = 1; towers <= 8; ++towers) {
+      INFO("backend " << static_cast<int>(kind) << ", " << towers << " towers, seed " << random.seed());
+      const std::size_t examples = 3 * towers - 1;
+      pipeline_options options;
+      options.max_grad_norm = 3.0;
+      trainer reference(variables, {{"x", dtype::float32, {1}}}, towers, h, options);
+      emulated_devices<optim::adam, TestType> devices(variables, towers, h);
+      std::vector<float> weights;
+      for (const shard& s : plan_split(examples, towers, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
+      const std::vector<float> x(examples, 1.0f);
+      batch b;
+      b.add("x", x.data(), examples, {1});
+      std::int64_t done = 0;
+      for (int step = 1; step <= 6; ++step) {
+        INFO("step " << step);
+        std::vector<std::vector<std::vector<float>>> grads(towers);
+        for (std::size_t t = 0; t < towers; ++t) {
+          for (const variable& v : variables) grads[t].push_back(random.wide(v.size));
+        }
+        if (step % 3 == 0) grads[(towers - 1) / 2][3][static_cast<std::size_t>(step) * 611] = std::nanf("");
+        const step_stats stats = reference.step(b, [&](trainer::tower_context& tower) {
+          for (std::size_t v = 0; v < variables.count(); ++v)
+            tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
+          return 0.0;
+        });
+        for (std::size_t t = 0; t < towers; ++t) {
+          for (std::size_t v = 0; v < variables.count(); ++v)
+            std::copy(grads[t][v].begin(), grads[t][v].end(), devices.gradients(t).data(v));
+        }
+        const screen_partials partials = emulated_checked_step(kind, devices, variables, weights, options.max_grad_norm,
+                                                               optim::adam::constants<float>(h, done + 1));
+        if (stats.skipped) {
+          REQUIRE(partials.first_nonfinite != no_nonfinite);
+          const nonfinite_place place = decode_nonfinite_key(partials.first_nonfinite);
+          CHECK(place.variable == stats.nonfinite->variable);
+          CHECK(place.element == stats.nonfinite->element);
+          CHECK(place.tower == *stats.nonfinite->tower);
+          continue;
+        }
+        ++done;
+        REQUIRE(partials.first_nonfinite == no_nonfinite);
+        CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
+        CHECK(stats.clip_coefficient < 1.0);  // the clip is exercised
+        for (std::size_t t = 0; t < towers; ++t) {
+          for (std::size_t v = 0; v < variables.count(); ++v)
+            REQUIRE(first_bitwise_difference(devices.replica(t).view(v), reference.parameter(v)) == -1);
+        }
+      }
     }
   }
 }

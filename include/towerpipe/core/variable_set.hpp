@@ -19,6 +19,14 @@ struct variable {
   std::size_t size = 0;  // element count of shape
 };
 
+// The index of flat element `element` of v by shape: "(3, 17)".
+inline std::string shaped_index(const variable& v, std::size_t element) {
+  std::string index;
+  for (std::size_t d = v.shape.size(), rest = element; d-- > 0; rest /= v.shape[d])
+    index = std::to_string(rest % v.shape[d]) + (index.empty() ? "" : ", ") + index;
+  return "(" + index + ")";
+}
+
 class variable_set {
  public:
   variable_set() = default;

@@ -18,10 +18,7 @@ namespace detail {
 // An element of a gradient that still holds the poison after the tower function (the tower is named by
 // throw_tower_failures, which wraps this message).
 [[noreturn]] inline void fail_unwritten_element(const variable& v, std::size_t element) {
-  std::string index;
-  for (std::size_t d = v.shape.size(), rest = element; d-- > 0; rest /= v.shape[d])
-    index = std::to_string(rest % v.shape[d]) + (index.empty() ? "" : ", ") + index;
-  fail("element ", element, " (index (", index, ")) of the gradient of variable '", v.name, "' ", to_string(v.shape),
+  fail("element ", element, " (index ", shaped_index(v, element), ") of the gradient of variable '", v.name, "' ", to_string(v.shape),
        " was not written: it still holds the poison of pipeline_options::poison_gradients");
 }
 

@@ -4,10 +4,10 @@
 // (cuda/multi_tensor_kernel.cuh, the schedule) — and that tests run over the same tables on the host.
 // Plain C++ (usable without nvcc); TOWERPIPE_HOST_DEVICE marks what kernels call.
 //
-// Room left on purpose: the averaged gradient of a group passes through optimizer_apply::apply before
-// the update, which is where a non-finite flag and a squared-norm partial for clipping will be taken
-// (reduced per block with cub::BlockReduce in the kernel), and load_lanes is where bf16 gradients will be
-// widened into the fp32 master weights' type.
+// A checked step (reduce/screen.hpp) averages first and applies second: the screen's sources read the
+// towers' gradients (tower_average_source there, edge_average_source here for the p2p tree's last edge),
+// and the optimizer then runs fused_apply_agent over the one averaged buffer with the step's scale as
+// its only weight.
 
 #include <cstddef>
 #include <vector>
@@ -18,6 +18,7 @@
 #include "towerpipe/reduce/canonical_order.hpp"
 #include "towerpipe/reduce/chunk_table.hpp"
 #include "towerpipe/reduce/lanes.hpp"
+#include "towerpipe/reduce/screen.hpp"
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
@@ -93,7 +94,9 @@ struct fused_apply_agent {
 
 // One edge of the canonical tree (reduce/canonical_order.hpp): s_left = s_left + s_right. Partial sums
 // live in the towers' gradient buffers: a tower's buffer holds its raw gradient until the tower has been
-// the left side of an edge, its weighted partial sum after; raw operands are multiplied by their weight.
+// the left side of an edge, its weighted partial sum after; raw operands are multiplied by their weight,
+// and checked: every tower's raw gradient is an operand of exactly one edge, so the tree finds the
+// first non-finite value of each tower as the screen does (reduce/screen.hpp).
 template <class T>
 struct tree_edge {
   int left, right;
@@ -101,11 +104,31 @@ struct tree_edge {
   T left_weight, right_weight;
 
   template <unsigned W>
-  TOWERPIPE_HOST_DEVICE lanes<T, W> combine(const pointer_table<T>& sums, int v, unsigned i) const {
-    const T* l = sums.at(left, v) + i;
-    const T* r = sums.at(right, v) + i;
-    return add_lanes(left_raw ? scaled_lanes<W>(left_weight, l) : load_lanes<W>(l),
-                     right_raw ? scaled_lanes<W>(right_weight, r) : load_lanes<W>(r));
+  TOWERPIPE_HOST_DEVICE lanes<T, W> combine(const pointer_table<T>& sums, int v, unsigned i, nonfinite_key& first) const {
+    return add_lanes(operand<W>(sums, left, left_raw, left_weight, v, i, first),
+                     operand<W>(sums, right, right_raw, right_weight, v, i, first));
+  }
+
+ private:
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE static lanes<T, W> operand(const pointer_table<T>& sums, int tower, bool raw, T weight, int v,
+                                                   unsigned i, nonfinite_key& first) {
+    const lanes<T, W> value = load_lanes<W>(sums.at(tower, v) + i);
+    if (!raw) return value;
+    note_nonfinite(value, v, i, static_cast<unsigned>(tower), first);
+    return scale_lanes(weight, value);
+  }
+};
+
+// The p2p tree's last edge as the screen's source (reduce/screen.hpp).
+template <class T>
+struct edge_average_source {
+  pointer_table<T> sums;  // role = tower
+  tree_edge<T> edge;
+
+  template <unsigned W>
+  TOWERPIPE_HOST_DEVICE lanes<T, W> average(int v, unsigned i, nonfinite_key& first) const {
+    return edge.template combine<W>(sums, v, i, first);
   }
 };
 
@@ -127,16 +150,20 @@ std::vector<std::vector<tree_edge<T>>> canonical_tree_rounds(int towers, const s
   return rounds;
 }
 
-// A p2p tree round that is not the last: s_left = s_left + s_right in place.
+// A p2p tree round that is not the last: s_left = s_left + s_right in place. In a checked step the
+// first non-finite raw operand's key is kept at first_nonfinite (null: unchecked).
 template <class T>
 struct tree_round_agent {
   using value_type = T;
   pointer_table<T> sums;  // role = tower
   tree_edge<T> edge;
+  nonfinite_key* first_nonfinite;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
-    store_lanes<W>(sums.at(edge.left, v) + i, edge.template combine<W>(sums, v, i));
+    nonfinite_key first = no_nonfinite;
+    store_lanes<W>(sums.at(edge.left, v) + i, edge.template combine<W>(sums, v, i, first));
+    if (first != no_nonfinite && first_nonfinite != nullptr) record_nonfinite(first_nonfinite, first);
   }
 };
 
@@ -150,7 +177,8 @@ struct tree_root_agent {
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
-    apply.template apply<W>(v, i, edge.template combine<W>(sums, v, i));
+    nonfinite_key unchecked = no_nonfinite;
+    apply.template apply<W>(v, i, edge.template combine<W>(sums, v, i, unchecked));
   }
 };
 

@@ -8,6 +8,9 @@
 // Without peer access to a tower's device, that tower's gradients are first copied to a staging buffer
 // on the root device and its replica is written back from one (cudaMemcpyPeerAsync), with a one-time
 // warning through the log sink.
+//
+// A checked step (reduce/screen.hpp) runs the screen kernel into an average on the root device, then the
+// same fused kernel with that average as its one "tower" and the step's scale as its weight.
 
 #include <cuda_runtime.h>
 
@@ -42,7 +45,8 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
         stream_(root_),
         start_(root_, true),
         end_(root_, true),
-        chunks_(make_chunk_table(variables, Policy::chunk_elements), root_) {
+        chunks_(make_chunk_table(variables, Policy::chunk_elements), root_),
+        average_(variables, root_) {
     check_device_tower_count("reduce::device0", towers.towers());
     const int count = static_cast<int>(variables.count());
     std::vector<device_buffer*> gradient_roles, replica_roles;
@@ -67,28 +71,66 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::device0");
     device_guard on(root_);
-    for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(stream_);
-    start_.record(stream_);  // the last tower's gradients are ready
-    for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (staged_[t])
-        copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
-    }
-    const optimizer_apply<Optim, T> apply{replicas_->view(), this->state_table(), static_cast<int>(towers.towers()),
-                                          this->state_slot_count(), constants};
+    gather_gradients(towers);
     launch_fused_apply<Policy, Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
-                                         weights, apply);
-    for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (staged_[t]) copy_buffer_async(towers.replica(t), towers.device(t), staged_[t]->replica, root_, stream_);
-    }
-    // The towers' next work waits for their new parameters; the host waits for the last write.
+                                         weights, apply_for(towers, constants));
+    stages.reduce = broadcast_and_wait(towers, "device0 fused average + apply + broadcast");
+  }
+
+  // A checked step, pass 1: the average and its screen; nothing the towers read changes.
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
+                                 stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::device0 screen");
+    device_guard on(root_);
+    gather_gradients(towers);
+    average_.screen.reset(stream_);
+    launch_tower_screen(average_.screen, stream_, static_cast<int>(towers.towers()), gradients_->const_view(), weights,
+                        average_.table.view(), step);
     end_.record(stream_);
-    for (std::size_t t = 0; t < towers.towers(); ++t) end_.make_wait(towers.stream(t));
-    end_.synchronize();
+    end_.synchronize();  // the towers may write their gradients again once this returns
     stages.reduce = seconds_between(start_, end_);
-    towers.device_span(0, start_, end_, "device0 fused average + apply + broadcast", "reduce (GPU)");
+    towers.device_span(0, start_, end_, "device0 average + screen", "reduce (GPU)");
+    return average_.screen.results();
+  }
+
+  // Pass 2: the optimizer on scale * average, the new parameters into every replica.
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const typename Optim::template step_constants<T>& constants,
+                      stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::device0 apply");
+    device_guard on(root_);
+    start_.record(stream_);
+    launch_fused_apply_for<Policy, 1>(chunks_, stream_, 1, average_.table.const_view(), std::vector<T>{scale},
+                                      apply_for(towers, constants));
+    stages.reduce += broadcast_and_wait(towers, "device0 apply + broadcast");
   }
 
  private:
+  // On stream_: after every tower's gradients, start_, then the copies of towers without peer access.
+  void gather_gradients(cuda_towers<Layout>& towers) {
+    for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(stream_);
+    start_.record(stream_);  // the last tower's gradients are ready
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      if (staged_[t]) copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
+    }
+  }
+
+  optimizer_apply<Optim, T> apply_for(cuda_towers<Layout>& towers, const typename Optim::template step_constants<T>& constants) {
+    return {replicas_->view(), this->state_table(), static_cast<int>(towers.towers()), this->state_slot_count(), constants};
+  }
+
+  // After the pass that wrote the replicas: copies to towers without peer access; the towers' next work
+  // waits for their new parameters and the host for the last write. Returns start_ to the end.
+  double broadcast_and_wait(cuda_towers<Layout>& towers, const char* span_name) {
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      if (staged_[t]) copy_buffer_async(towers.replica(t), towers.device(t), staged_[t]->replica, root_, stream_);
+    }
+    end_.record(stream_);
+    for (std::size_t t = 0; t < towers.towers(); ++t) end_.make_wait(towers.stream(t));
+    end_.synchronize();
+    towers.device_span(0, start_, end_, span_name, "reduce (GPU)");
+    return seconds_between(start_, end_);
+  }
+
   struct staging {
     staging(const variable_set& variables, int device)
         : gradients(variables, cuda_device_memory{device}), replica(variables, cuda_device_memory{device}) {}
@@ -101,6 +143,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   device_chunk_table chunks_;
   std::vector<std::unique_ptr<staging>> staged_;  // null where the root reads the tower directly
   std::unique_ptr<device_pointer_table<T>> gradients_, replicas_;
+  device_average<Layout> average_;  // checked steps
 };
 
 }  // namespace detail

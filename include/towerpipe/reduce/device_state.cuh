@@ -1,7 +1,7 @@
 #pragma once
 // Pieces the device reductions share: the optimizer state on the device that applies the optimizer
-// (with a host mirror for reading it between steps), and the launch of the fused agent with the tower
-// count fixed at compile time where it is small.
+// (with a host mirror for reading it between steps), the launches of the fused agent and of the screen
+// with the tower count fixed at compile time where it is small, and a checked step's average.
 
 #include <cuda_runtime.h>
 
@@ -17,7 +17,9 @@
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
+#include "towerpipe/cuda/screen_kernel.cuh"
 #include "towerpipe/reduce/agents.hpp"
+#include "towerpipe/reduce/screen.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -85,26 +87,59 @@ void launch_fused_apply_for(const device_chunk_table& chunks, const cuda_stream&
   chunks.launch<Policy>(agent, stream);
 }
 
-// The same with Towers = towers for 1..8, else 0 (the count read at run time).
+// Calls body(integral_constant<int, towers>) for 1..8 towers, else body(integral_constant<int, 0>) (the
+// count read at run time): kernels unrolled over the towers where the count is small.
+template <class Body>
+void with_tower_count(int towers, Body&& body) {
+  switch (towers) {
+    case 1: return body(::cuda::std::integral_constant<int, 1>{});
+    case 2: return body(::cuda::std::integral_constant<int, 2>{});
+    case 3: return body(::cuda::std::integral_constant<int, 3>{});
+    case 4: return body(::cuda::std::integral_constant<int, 4>{});
+    case 5: return body(::cuda::std::integral_constant<int, 5>{});
+    case 6: return body(::cuda::std::integral_constant<int, 6>{});
+    case 7: return body(::cuda::std::integral_constant<int, 7>{});
+    case 8: return body(::cuda::std::integral_constant<int, 8>{});
+    default: return body(::cuda::std::integral_constant<int, 0>{});
+  }
+}
+
+// launch_fused_apply_for with the tower count fixed where it is small.
 template <class Policy, class Optim, class T>
 void launch_fused_apply(const device_chunk_table& chunks, const cuda_stream& stream, int towers,
                         const pointer_table<const T>& gradients, const std::vector<T>& weights,
                         const optimizer_apply<Optim, T>& apply) {
-  const auto launch = [&](auto towers_constant) {
+  with_tower_count(towers, [&](auto towers_constant) {
     launch_fused_apply_for<Policy, decltype(towers_constant)::value>(chunks, stream, towers, gradients, weights, apply);
-  };
-  switch (towers) {
-    case 1: return launch(::cuda::std::integral_constant<int, 1>{});
-    case 2: return launch(::cuda::std::integral_constant<int, 2>{});
-    case 3: return launch(::cuda::std::integral_constant<int, 3>{});
-    case 4: return launch(::cuda::std::integral_constant<int, 4>{});
-    case 5: return launch(::cuda::std::integral_constant<int, 5>{});
-    case 6: return launch(::cuda::std::integral_constant<int, 6>{});
-    case 7: return launch(::cuda::std::integral_constant<int, 7>{});
-    case 8: return launch(::cuda::std::integral_constant<int, 8>{});
-    default: return launch(::cuda::std::integral_constant<int, 0>{});
-  }
+  });
 }
+
+// The screen (reduce/screen.hpp) of the canonical average of every tower's gradient, into `averaged`.
+template <class T>
+void launch_tower_screen(const device_screen& screen, const cuda_stream& stream, int towers,
+                         const pointer_table<const T>& gradients, const std::vector<T>& weights,
+                         const pointer_table<T>& averaged, const accumulation<T>& step) {
+  with_tower_count(towers, [&](auto towers_constant) {
+    using tower_source = tower_average_source<T, decltype(towers_constant)::value, weight_array<T>>;
+    accumulating_source<tower_source, T> source{{gradients, towers, {}}, averaged, step};
+    for (int t = 0; t < towers; ++t) source.inner.weights.value[t] = weights[static_cast<std::size_t>(t)];
+    screen.launch(source, averaged, stream);
+  });
+}
+
+// A checked step's average on the device that applies the optimizer, and its screen.
+template <class Layout>
+struct device_average {
+  using T = typename Layout::value_type;
+  device_average(const variable_set& variables, int device)
+      : buffer(variables, cuda_device_memory{device}),
+        table(gather_pointers<T>(std::vector<typename Layout::template buffer<cuda_device_memory>*>{&buffer}),
+              static_cast<int>(variables.count()), device),
+        screen(variables, device) {}
+  typename Layout::template buffer<cuda_device_memory> buffer;
+  device_pointer_table<T> table;  // role 0: the average
+  device_screen screen;
+};
 
 inline void check_device_tower_count(const char* backend, std::size_t towers) {
   if (towers > static_cast<std::size_t>(max_device_towers))

@@ -24,6 +24,7 @@
 #include "towerpipe/reduce/canonical_order.hpp"
 #include "towerpipe/reduce/chunk_table.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/screen.hpp"
 #include "towerpipe/stats.hpp"
 
 namespace towerpipe {
@@ -47,9 +48,21 @@ class host_optimizer_pass {
   using constants_type = typename Optim::template step_constants<value_type>;
 
   host_optimizer_pass(const variable_set& variables, const typename Optim::hyper_parameters& h)
-      : chunks_(make_chunk_table(variables, host_reduce_policy::chunk_elements)) {
+      : chunks_(make_chunk_table(variables, host_reduce_policy::chunk_elements)), averaged_(variables) {
+    static_assert(host_reduce_policy::chunk_elements % screen_tile_elements == 0,
+                  "towerpipe: host chunks must hold whole screen tiles");
     for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(variables);
+    std::size_t tiles = 0;
+    for (const variable& v : variables) {
+      first_tile_.push_back(tiles);
+      tiles += (v.size + screen_tile_elements - 1) / screen_tile_elements;
+    }
+    tile_count_ = tiles;
   }
+
+  // A checked step's average (reduce/screen.hpp), where screen() leaves it.
+  const buffer& averaged() const { return averaged_; }
+  std::size_t tile_count() const { return tile_count_; }
 
   const std::vector<tensor_chunk>& chunks() const { return chunks_; }
   std::size_t state_slots() const { return state_.size(); }
@@ -76,6 +89,36 @@ class host_optimizer_pass {
     for (const std::exception_ptr& failure : failures) {
       if (failure) std::rethrow_exception(failure);
     }
+  }
+
+  // Pass 1 of a checked step for chunks [first, last): the canonical average into averaged() (with
+  // accumulation: the running sum), and partials.tile_sums / first_nonfinite for their tiles
+  // (partials.tile_sums sized tile_count()).
+  template <class GradientBuffer>
+  void screen(thread_pool& pool, std::size_t first, std::size_t last, const std::vector<const GradientBuffer*>& gradients,
+              const std::vector<value_type>& weights, const accumulation<value_type>& step, screen_partials& partials) {
+    const int variables = static_cast<int>(averaged_.variables().count());
+    const std::vector<const value_type*> pointers = gather_pointers<const value_type>(gradients);
+    const std::vector<value_type*> averaged_pointers = gather_pointers<value_type>(std::vector<buffer*>{&averaged_});
+    const pointer_table<value_type> averaged{averaged_pointers.data(), variables};
+    const accumulating_source<tower_average_source<value_type, 0, const value_type*>, value_type> source{
+        {{pointers.data(), variables}, static_cast<int>(gradients.size()), weights.data()}, averaged, step};
+    std::vector<nonfinite_key> first_in_chunk(last - first, no_nonfinite);
+    std::vector<std::exception_ptr> failures = pool.run(last - first, [&](std::size_t c) {
+      const tensor_chunk& work = chunks_[first + c];
+      std::size_t tile = first_tile_[static_cast<std::size_t>(work.variable)] + work.first / screen_tile_elements;
+      for (unsigned begin = 0; begin < work.count; begin += screen_tile_elements, ++tile) {
+        const tensor_chunk piece{work.variable, work.first + begin,
+                                 std::min<unsigned>(screen_tile_elements, work.count - begin)};
+        const screen_lane_result r = host_screen_tile(source, averaged, piece);
+        partials.tile_sums[tile] = r.sum_of_squares;
+        first_in_chunk[c] = std::min(first_in_chunk[c], r.first_nonfinite);
+      }
+    });
+    for (const std::exception_ptr& failure : failures) {
+      if (failure) std::rethrow_exception(failure);
+    }
+    for (nonfinite_key key : first_in_chunk) partials.first_nonfinite = std::min(partials.first_nonfinite, key);
   }
 
  private:
@@ -127,6 +170,9 @@ class host_optimizer_pass {
 
   std::vector<tensor_chunk> chunks_;
   std::vector<buffer> state_;  // one buffer per optimizer state slot
+  buffer averaged_;            // a checked step's average
+  std::vector<std::size_t> first_tile_;  // per variable: the index of its first screen tile
+  std::size_t tile_count_ = 0;
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
 
@@ -151,6 +197,25 @@ class host_reducer {
     for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
     pass_.run(towers.pool(), 0, pass_.chunks().size(), gradients, towers.shared_parameters(), weights, constants);
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  // A checked step (reduce/screen.hpp): average and screen, then apply the average times `scale`.
+  screen_partials screen_average(host_towers<Layout>& towers, const std::vector<value_type>& weights,
+                                 const accumulation<value_type>& step, stage_seconds& stages) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<const buffer*> gradients;
+    for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
+    screen_partials partials;
+    partials.tile_sums.assign(pass_.tile_count(), 0.0);
+    pass_.screen(towers.pool(), 0, pass_.chunks().size(), gradients, weights, step, partials);
+    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return partials;
+  }
+  void apply_averaged(host_towers<Layout>& towers, value_type scale,
+                      const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
+    const auto start = std::chrono::steady_clock::now();
+    pass_.run(towers.pool(), 0, pass_.chunks().size(), std::vector<const buffer*>{&pass_.averaged()},
+              towers.shared_parameters(), std::vector<value_type>{scale}, constants);
+    stages.reduce += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:

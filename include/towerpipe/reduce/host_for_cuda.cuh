@@ -4,7 +4,8 @@
 // threads run the same fused pass as for host towers (canonical average + optimizer, reduce/host.hpp),
 // and the new parameters go up into every replica. The variables are cut into transfer groups of about
 // group_elements, so that group g+1 comes down while the CPU works on g and g-1 goes up: the PCIe
-// transfers in both directions and the CPU overlap.
+// transfers in both directions and the CPU overlap. A checked step (reduce/screen.hpp) screens each
+// group as it arrives, then applies and uploads group by group.
 
 #include <cuda_runtime.h>
 
@@ -54,6 +55,54 @@ class cuda_host_reducer {
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::host");
     const auto start = std::chrono::steady_clock::now();
+    download_gradients(towers);
+    const std::vector<const pinned_buffer*> gradients = tower_gradients();
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      wait_for_group(g);
+      pass_.run(towers.pool(), groups_[g].first, groups_[g].last, gradients, master_, weights, constants);
+      upload_group(towers, g);
+    }
+    finish_uploads(towers, start, stages);
+  }
+
+  // A checked step, pass 1: the gradients come down group by group and are averaged and screened on the
+  // CPU (reduce/screen.hpp) while the next group is on its way.
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
+                                 stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::host screen");
+    const auto start = std::chrono::steady_clock::now();
+    download_gradients(towers);
+    const std::vector<const pinned_buffer*> gradients = tower_gradients();
+    screen_partials partials;
+    partials.tile_sums.assign(pass_.tile_count(), 0.0);
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      wait_for_group(g);
+      pass_.screen(towers.pool(), groups_[g].first, groups_[g].last, gradients, weights, step, partials);
+    }
+    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return partials;
+  }
+
+  // Pass 2: the optimizer on scale * average, group by group, each group going up as soon as it is done.
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const typename Optim::template step_constants<T>& constants,
+                      stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::host apply");
+    const double screened = stages.reduce;
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      pass_.run(towers.pool(), groups_[g].first, groups_[g].last, std::vector<const buffer*>{&pass_.averaged()}, master_,
+                std::vector<T>{scale}, constants);
+      upload_group(towers, g);
+    }
+    finish_uploads(towers, start, stages);
+    stages.reduce += screened;
+  }
+
+ private:
+  using buffer = typename Layout::template buffer<host_memory>;
+
+  // Every tower's gradients into its pinned buffer, group by group on its down stream.
+  void download_gradients(cuda_towers<Layout>& towers) {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       link& own = *links_[t];
       device_guard on(towers.device(t));
@@ -63,16 +112,24 @@ class cuda_host_reducer {
         own.down_done[g].record(own.down);
       }
     }
+  }
+  std::vector<const pinned_buffer*> tower_gradients() const {
     std::vector<const pinned_buffer*> gradients;
     for (const auto& own : links_) gradients.push_back(&own->gradients);
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      for (const auto& own : links_) own->down_done[g].synchronize();
-      pass_.run(towers.pool(), groups_[g].first, groups_[g].last, gradients, master_, weights, constants);
-      for (std::size_t t = 0; t < towers.towers(); ++t) {
-        device_guard on(towers.device(t));
-        copy_group(towers.replica(t), master_, g, cudaMemcpyHostToDevice, links_[t]->up);
-      }
+    return gradients;
+  }
+  void wait_for_group(std::size_t g) const {
+    for (const auto& own : links_) own->down_done[g].synchronize();
+  }
+  void upload_group(cuda_towers<Layout>& towers, std::size_t g) {
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      device_guard on(towers.device(t));
+      copy_group(towers.replica(t), master_, g, cudaMemcpyHostToDevice, links_[t]->up);
     }
+  }
+  // After the last upload was issued: the towers' next work waits for their parameters, the host for
+  // the uploads. stages.reduce: from `start` to now (the CPU's work); broadcast: the uploads' tail.
+  void finish_uploads(cuda_towers<Layout>& towers, std::chrono::steady_clock::time_point start, stage_seconds& stages) {
     const auto computed = std::chrono::steady_clock::now();
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       link& own = *links_[t];
@@ -86,7 +143,6 @@ class cuda_host_reducer {
     stages.broadcast = std::chrono::duration<double>(end - computed).count();
   }
 
- private:
   // One tower's link to the host: pinned gradients and a stream each way, on the tower's device.
   struct link {
     link(const variable_set& variables, int device, std::size_t groups)

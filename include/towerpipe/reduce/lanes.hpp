@@ -61,11 +61,15 @@ TOWERPIPE_HOST_DEVICE void store_lanes(T* p, lanes<T, W> v) {
 #endif
 }
 
-template <unsigned W, class T>
-TOWERPIPE_HOST_DEVICE lanes<T, W> scaled_lanes(T weight, const T* p) {
-  lanes<T, W> v = load_lanes<W>(p);
+template <class T, unsigned W>
+TOWERPIPE_HOST_DEVICE lanes<T, W> scale_lanes(T weight, lanes<T, W> v) {
   for (unsigned l = 0; l < W; ++l) v.value[l] = rounded_mul(weight, v.value[l]);
   return v;
+}
+
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE lanes<T, W> scaled_lanes(T weight, const T* p) {
+  return scale_lanes(weight, load_lanes<W>(p));
 }
 
 template <class T, unsigned W>

@@ -14,6 +14,9 @@
 //
 // Without peer access along an edge, the other tower's buffer is first copied into a scratch buffer on
 // the reading tower's device (cudaMemcpyPeerAsync), with a one-time warning through the log sink.
+//
+// A checked step (reduce/screen.hpp): the same rounds, each checking the raw gradients it reads; the
+// root's edge runs as the screen into an average on tower 0's device; the apply reads that average.
 
 #include <cuda_runtime.h>
 
@@ -49,7 +52,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         timing_stream_(towers.device(0)),
         tree_start_(towers.device(0), true),
         root_start_(towers.device(0), true),
-        root_end_(towers.device(0), true) {
+        root_end_(towers.device(0), true),
+        average_(variables, towers.device(0)) {
     check_device_tower_count("reduce::p2p_tree", towers.towers());
     const std::size_t n = towers.towers();
     const int count = static_cast<int>(variables.count());
@@ -100,10 +104,63 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::p2p_tree");
-    const int n = static_cast<int>(towers.towers());
-    const auto rounds = canonical_tree_rounds<T>(n, weights);
-    const optimizer_apply<Optim, T> apply{root_targets_->view(), this->state_table(), root_replica_count_,
-                                          this->state_slot_count(), constants};
+    const auto rounds = run_tree(towers, weights, false);
+    const optimizer_apply<Optim, T> apply = apply_for(constants);
+    device_guard on(towers.device(0));
+    root_start_.record(towers.stream(0));
+    if (rounds.empty()) {
+      launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(), weights,
+                                        apply);
+    } else {
+      nodes_[0]->chunks.template launch<Policy>(tree_root_agent<Optim, T>{nodes_[0]->sums->view(), rounds.back().front(), apply},
+                                                towers.stream(0));
+    }
+    broadcast_and_wait(towers, rounds, stages);
+  }
+
+  // A checked step, pass 1: the tree's rounds, then its last edge through the screen (reduce/screen.hpp)
+  // into the average on tower 0's device; the rounds check the raw gradients they read.
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
+                                 stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::p2p_tree screen");
+    const auto rounds = run_tree(towers, weights, true);
+    device_guard on(towers.device(0));
+    const cuda_stream& stream = towers.stream(0);
+    root_start_.record(stream);
+    if (rounds.empty()) {
+      launch_tower_screen(average_.screen, stream, 1, nodes_[0]->sums->const_view(), weights, average_.table.view(), step);
+    } else {
+      const edge_average_source<T> edge{nodes_[0]->sums->view(), rounds.back().front()};
+      average_.screen.launch(accumulating_source<edge_average_source<T>, T>{edge, average_.table.view(), step},
+                             average_.table.view(), stream);
+    }
+    root_end_.record(stream);
+    root_end_.synchronize();  // after every round too: the root's edge waited for them
+    stages.reduce = seconds_between(tree_start_, root_end_);
+    towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + screen", "reduce (GPU)");
+    screen_partials partials = average_.screen.results();
+    for (const auto& own : nodes_) partials.first_nonfinite = std::min(partials.first_nonfinite, own->host_key[0]);
+    return partials;
+  }
+
+  // Pass 2: the optimizer on scale * average on tower 0's device, then the broadcast down the tree.
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const typename Optim::template step_constants<T>& constants,
+                      stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::p2p_tree apply");
+    device_guard on(towers.device(0));
+    root_start_.record(towers.stream(0));
+    launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, average_.table.const_view(),
+                                      std::vector<T>{scale}, apply_for(constants));
+    broadcast_and_wait(towers, canonical_tree_rounds<T>(static_cast<int>(towers.towers()), std::vector<T>(towers.towers(), T(1))),
+                       stages);
+  }
+
+ private:
+  // Every round but the last, each edge on its left tower's stream after the right tower's last write to
+  // its buffer; returns the rounds (the last one's only edge is the root's: left = 0). `checked`: the
+  // raw operands' non-finite keys go to each left tower's key word, and come back to host_key.
+  std::vector<std::vector<tree_edge<T>>> run_tree(cuda_towers<Layout>& towers, const std::vector<T>& weights, bool checked) {
+    const auto rounds = canonical_tree_rounds<T>(static_cast<int>(towers.towers()), weights);
     // The reduction starts when the last tower's gradients are ready: marked on a stream of its own, so
     // that no tower waits for more than its edges need.
     {
@@ -111,9 +168,16 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
       for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(timing_stream_);
       tree_start_.record(timing_stream_);
     }
-    // Reduce: every edge on its left tower's stream, after the right tower's last write to its buffer.
-    for (std::size_t t = 0; t < towers.towers(); ++t) nodes_[t]->partial_ready = &towers.gradients_ready(t);
-    for (std::size_t r = 0; r < rounds.size(); ++r) {
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      nodes_[t]->partial_ready = &towers.gradients_ready(t);
+      nodes_[t]->host_key[0] = no_nonfinite;
+      if (checked) {
+        device_guard on(towers.device(t));
+        TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(nodes_[t]->key.get(), 0xFF, sizeof(nonfinite_key), towers.stream(t).get()));
+      }
+    }
+    if (checked) average_.screen.reset(towers.stream(0));
+    for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
       for (const tree_edge<T>& edge : rounds[r]) {
         node& left = *nodes_[static_cast<std::size_t>(edge.left)];
         const std::size_t right = static_cast<std::size_t>(edge.right);
@@ -122,32 +186,44 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         nodes_[right]->partial_ready->make_wait(stream);
         if (left.scratch && !towers.can_access(stream.device(), towers.device(right)))
           copy_buffer_async(*left.scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
-        const bool root_edge = r + 1 == rounds.size();
-        if (root_edge) {
-          root_start_.record(stream);
-          left.chunks.template launch<Policy>(tree_root_agent<Optim, T>{left.sums->view(), edge, apply}, stream);
-        } else {
-          if (!left.edge_start.empty()) left.edge_start[r].record(stream);
-          left.chunks.template launch<Policy>(tree_round_agent<T>{left.sums->view(), edge}, stream);
-          if (!left.edge_end.empty()) left.edge_end[r].record(stream);
-          left.partial_done.record(stream);
-          left.partial_ready = &left.partial_done;
-        }
+        if (!left.edge_start.empty()) left.edge_start[r].record(stream);
+        left.chunks.template launch<Policy>(tree_round_agent<T>{left.sums->view(), edge, checked ? left.key.get() : nullptr},
+                                            stream);
+        if (!left.edge_end.empty()) left.edge_end[r].record(stream);
+        if (checked)  // before partial_done: whoever waits for the partial has the key too
+          TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(left.host_key.get(), left.key.get(), sizeof(nonfinite_key),
+                                               cudaMemcpyDeviceToHost, stream.get()));
+        left.partial_done.record(stream);
+        left.partial_ready = &left.partial_done;
       }
     }
+    // The root's own edge waits for its right operand, and copies it where it has no peer access.
+    if (!rounds.empty()) {
+      const tree_edge<T>& edge = rounds.back().front();
+      const std::size_t right = static_cast<std::size_t>(edge.right);
+      const cuda_stream& stream = towers.stream(0);
+      device_guard on(stream.device());
+      nodes_[right]->partial_ready->make_wait(stream);
+      if (nodes_[0]->scratch && !towers.can_access(stream.device(), towers.device(right)))
+        copy_buffer_async(*nodes_[0]->scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
+    }
+    return rounds;
+  }
+
+  optimizer_apply<Optim, T> apply_for(const typename Optim::template step_constants<T>& constants) const {
+    return {root_targets_->view(), this->state_table(), root_replica_count_, this->state_slot_count(), constants};
+  }
+
+  // After the root's pass on tower 0's stream: the parameters go down the tree — the towers the root
+  // wrote have them with the root's; every other tower pulls its parent's replica on its own stream.
+  // Each tower's next work waits for them; the host waits for all.
+  void broadcast_and_wait(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<T>>>& rounds,
+                          stage_seconds& stages) {
     {
       device_guard on(towers.device(0));
-      if (n == 1) {
-        root_start_.record(towers.stream(0));
-        launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(),
-                                             weights, apply);
-      }
       root_end_.record(towers.stream(0));
       nodes_[0]->parameters_done.record(towers.stream(0));
     }
-
-    // Broadcast, down the tree: the towers the root wrote have their parameters with the root's; every
-    // other tower pulls its parent's replica on its own stream. Each tower's next work waits for them.
     nodes_[0]->parameters_ready = &nodes_[0]->parameters_done;
     for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
       for (const tree_edge<T>& edge : *r) {
@@ -164,8 +240,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         if (own.pulls_directly) {
           own.chunks.template launch<Policy>(copy_agent<T>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
         } else {
-          copy_buffer_async(towers.replica(child), stream.device(), towers.replica(parent), towers.device(parent),
-                                    stream);
+          copy_buffer_async(towers.replica(child), stream.device(), towers.replica(parent), towers.device(parent), stream);
         }
         own.parameters_done.record(stream);
         own.parameters_ready = &own.parameters_done;
@@ -177,11 +252,12 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     if (towers.trace().on()) record_device_spans(towers, rounds);
   }
 
- private:
   struct node {
     // `timed_rounds`: how many tree rounds get timing events (0 without a timeline).
     node(const variable_set& variables, int device, std::size_t chunk_elements, std::size_t timed_rounds)
         : chunks(make_chunk_table(variables, chunk_elements), device),
+          key(cuda_device_memory{device}.allocate<nonfinite_key>(1, 256)),
+          host_key(cuda_pinned_memory{}.allocate<nonfinite_key>(1)),
           partial_done(device),
           pull_start(device, true),
           parameters_done(device, true) {
@@ -196,6 +272,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     std::unique_ptr<device_pointer_table<T>> sums;          // role = tower: partial sums as this tower reads them
     std::unique_ptr<device_pointer_table<T>> parent_replica, own_replica;  // only for towers that pull
     bool pulls_directly = true;
+    cuda_device_memory::owner<nonfinite_key> key;  // checked steps: the first non-finite raw operand it read
+    cuda_pinned_memory::owner<nonfinite_key> host_key;
     cuda_event partial_done;
     cuda_event pull_start, parameters_done;  // timing: the pull of the new parameters, where it pulls
     const cuda_event* parameters_ready = nullptr;  // this step: when this tower's new parameters are in
@@ -241,6 +319,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   std::unique_ptr<device_pointer_table<T>> root_targets_;  // role 0: tower 0's replica, then those towers'
   int root_replica_count_ = 1;
   std::vector<std::unique_ptr<node>> nodes_;
+  device_average<Layout> average_;  // checked steps, on tower 0's device
 };
 
 }  // namespace detail

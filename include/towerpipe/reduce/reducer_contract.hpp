@@ -7,6 +7,12 @@
 //   void average_and_apply(towers&, const std::vector<T>& weights, const step_constants<T>&, stage_seconds&)
 //       one step: canonical weighted average of the towers' gradients (reduce/canonical_order.hpp), the
 //       optimizer's update, the new parameters on every tower; fills stages.reduce (and .broadcast)
+//   screen_partials screen_average(towers&, const std::vector<T>& weights, const accumulation<T>&, stage_seconds&)
+//       the first pass of a checked step (reduce/screen.hpp): the canonical average into a buffer of the
+//       reducer's (with accumulation: into its running sum), the tiles' sums of squares and the first
+//       non-finite key; changes no parameter or state
+//   void apply_averaged(towers&, T scale, const step_constants<T>&, stage_seconds&)
+//       the second: the optimizer on scale * that average, the new parameters on every tower
 //   std::size_t state_slots() const                    optimizer state slots allocated
 //   tensor_view<const T> state_on_host(slot, variable)  between steps
 //   void set_state(slot, variable, const T* values)     between steps
@@ -21,6 +27,7 @@
 
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/exec/towers_contract.hpp"
+#include "towerpipe/reduce/screen.hpp"
 #include "towerpipe/stats.hpp"
 
 namespace towerpipe {
@@ -36,6 +43,19 @@ struct reducer_has_average_and_apply<
         std::declval<const typename Optim::template step_constants<T>&>(), std::declval<stage_seconds&>()))>>
     : std::true_type {};
 
+template <class Reducer, class Towers, class Optim, class T, class = void>
+struct reducer_has_checked_passes : std::false_type {};
+template <class Reducer, class Towers, class Optim, class T>
+struct reducer_has_checked_passes<
+    Reducer, Towers, Optim, T,
+    std::void_t<decltype(std::declval<Reducer&>().screen_average(std::declval<Towers&>(), std::declval<const std::vector<T>&>(),
+                                                                  std::declval<const accumulation<T>&>(),
+                                                                  std::declval<stage_seconds&>())),
+                decltype(std::declval<Reducer&>().apply_averaged(
+                    std::declval<Towers&>(), std::declval<T>(),
+                    std::declval<const typename Optim::template step_constants<T>&>(), std::declval<stage_seconds&>()))>>
+    : std::true_type {};
+
 TOWERPIPE_DETECT_MEMBER(reducer_has_state_slots, std::declval<const T&>().state_slots());
 TOWERPIPE_DETECT_MEMBER(reducer_has_state_on_host, std::declval<T&>().state_on_host(std::size_t{}, std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std::size_t{}, std::size_t{}, nullptr));
@@ -45,6 +65,9 @@ template <class Reducer, class Towers, class Optim, class T>
 constexpr bool check_reducer_contract() {
   static_assert(reducer_has_average_and_apply<Reducer, Towers, Optim, T>::value,
                 "towerpipe: the reduction backend lacks 'average_and_apply(towers, weights, constants, stages)'");
+  static_assert(reducer_has_checked_passes<Reducer, Towers, Optim, T>::value,
+                "towerpipe: the reduction backend lacks 'screen_average(towers, weights, accumulation, stages)' or "
+                "'apply_averaged(towers, scale, constants, stages)' (the passes of a checked step)");
   static_assert(reducer_has_state_slots<Reducer>::value, "towerpipe: the reduction backend lacks 'state_slots() const'");
   static_assert(reducer_has_state_on_host<Reducer>::value,
                 "towerpipe: the reduction backend lacks 'state_on_host(slot, variable)'");
