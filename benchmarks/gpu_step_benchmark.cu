@@ -97,16 +97,19 @@ struct floors {
   std::size_t l2_bytes;
 };
 
+// checked: the two passes of a checked step (reduce/screen.hpp: screen, then apply) instead of the
+// single fused one; the floor adds their extra bytes (screen_bytes).
 template <class Reduce, class Optim, class Layout>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
              const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o, const floors& f,
-             json_rows& out) {
+             json_rows& out, bool checked = false) {
   using towers_type = exec::cuda::towers<Layout>;
   using reducer_type = typename reducer_for<exec::cuda, Reduce, Optim, Layout>::type;
   constexpr bool host_backend = std::is_same_v<Reduce, reduce::host>;
   const double parameters = static_cast<double>(variables.total_size());
   const int slots = Optim::state_slots(h);
-  const double device_bytes = parameters * towerpipe_bench::bytes_per_parameter(towers, slots, towers - 1);
+  const double device_bytes =
+      parameters * (towerpipe_bench::bytes_per_parameter(towers, slots, towers - 1) + (checked ? towerpipe_bench::screen_bytes : 0));
   const std::size_t instances =
       host_backend ? 1 : std::max<std::size_t>(1, static_cast<std::size_t>(3.0 * f.l2_bytes / device_bytes) + 1);
 
@@ -132,7 +135,12 @@ void measure(const std::string& model, const variable_set& variables, std::size_
     const std::size_t i = static_cast<std::size_t>(r) % instances;
     stage_seconds stages;
     const auto start = std::chrono::steady_clock::now();
-    reducers[i]->average_and_apply(*tower_sets[i], weights, constants, stages);
+    if (checked) {
+      reducers[i]->screen_average(*tower_sets[i], weights, {}, stages);
+      reducers[i]->apply_averaged(*tower_sets[i], 1.0f, constants, stages);
+    } else {
+      reducers[i]->average_and_apply(*tower_sets[i], weights, constants, stages);
+    }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (r < 3) continue;
     wall_seconds.push_back(wall);
@@ -145,10 +153,11 @@ void measure(const std::string& model, const variable_set& variables, std::size_
     floor_seconds = std::max(pcie, cpu);
   }
   const double ms = median(seconds) * 1e3, floor_ms = floor_seconds * 1e3, wall_ms = median(wall_seconds) * 1e3;
-  std::printf("%-10s %-9s %-6s %-12s %2zu %11.0f %9.3f %9.3f %9.3f %7.2fx\n", model.c_str(), Reduce::name, Optim::name,
+  const std::string backend = std::string(Reduce::name) + (checked ? " checked" : "");
+  std::printf("%-10s %-9s %-6s %-12s %2zu %11.0f %9.3f %9.3f %9.3f %7.2fx\n", model.c_str(), backend.c_str(), Optim::name,
               Layout::name, towers, parameters, ms, wall_ms, floor_ms, ms / floor_ms);
   std::fflush(stdout);
-  out.rows.push_back(json_rows::measurement(Reduce::name, "cuda", model, Optim::name, Layout::name, towers, variables,
+  out.rows.push_back(json_rows::measurement(backend, "cuda", model, Optim::name, Layout::name, towers, variables,
                                             host_backend ? 8.0 * static_cast<double>(towers) * parameters : device_bytes,
                                             ms, floor_ms)
                          .set("instances_rotated", static_cast<double>(instances))
@@ -163,6 +172,7 @@ void measure_optimizers(const std::string& model, const variable_set& variables,
   momentum.momentum = 0.9;
   for (std::size_t towers : o.towers) {
     measure<Reduce, optim::adam, Layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, f, out);
+    measure<Reduce, optim::adam, Layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, f, out, true);
     if (adam_only) continue;
     measure<Reduce, optim::sgd, Layout>(model, variables, towers, momentum, o, f, out);
     measure<Reduce, optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, f, out);

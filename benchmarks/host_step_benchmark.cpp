@@ -1,6 +1,8 @@
 // The host backend's average+apply (exec::host + reduce::host) against the CPU's memory-bandwidth
 // floor, measured in the same run: a STREAM-like triad on the same number of threads. Prints a table
-// and writes every figure as JSON. --quick runs a small subset in seconds (CI runs it).
+// and writes every figure as JSON. --quick runs a small subset in seconds (CI runs it). Backend "host" is
+// the single fused pass (on_nonfinite = unchecked); "host checked" the default checked step (screen,
+// then apply: reduce/screen.hpp), whose floor has the average's write and read on top.
 
 #include <chrono>
 #include <cstdio>
@@ -27,10 +29,11 @@ const char* usage =
 template <class Optim, class Layout>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
              const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o, double floor_bandwidth,
-             json_rows& out) {
+             bool checked, json_rows& out) {
   using trainer = pipeline<exec::host, reduce::host, Optim, Layout>;
   pipeline_options options;
   options.host_threads = std::thread::hardware_concurrency();
+  if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
   trainer p(variables, {{"x", dtype::float32, {1}}}, towers, h, options);
   const std::vector<float> x(towers, 1.0f);
   batch b;
@@ -55,12 +58,14 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   }
   const double parameters = static_cast<double>(variables.total_size());
   const int slots = Optim::state_slots(h);
-  const double bytes = parameters * towerpipe_bench::bytes_per_parameter(towers, slots, 0);
+  const double bytes =
+      parameters * (towerpipe_bench::bytes_per_parameter(towers, slots, 0) + (checked ? towerpipe_bench::screen_bytes : 0));
   const double ms = median(seconds) * 1e3;
   const double floor_ms = bytes / floor_bandwidth * 1e3;
-  std::printf("%-10s %-6s %-12s %2zu %11.0f %9.3f %9.3f %8.1f %7.2fx\n", model.c_str(), Optim::name, Layout::name, towers,
-              parameters, ms, floor_ms, bytes / (ms * 1e-3) / 1e9, ms / floor_ms);
-  out.rows.push_back(json_rows::measurement("host", "host", model, Optim::name, Layout::name, towers, variables, bytes, ms,
+  const char* backend = checked ? "host checked" : "host";
+  std::printf("%-10s %-13s %-6s %-12s %2zu %11.0f %9.3f %9.3f %8.1f %7.2fx\n", model.c_str(), backend, Optim::name,
+              Layout::name, towers, parameters, ms, floor_ms, bytes / (ms * 1e-3) / 1e9, ms / floor_ms);
+  out.rows.push_back(json_rows::measurement(backend, "host", model, Optim::name, Layout::name, towers, variables, bytes, ms,
                                             floor_ms));
 }
 
@@ -70,9 +75,13 @@ void measure_optimizers(const std::string& model, const variable_set& variables,
   optim::sgd::hyper_parameters momentum;
   momentum.momentum = 0.9;
   for (std::size_t towers : o.towers) {
-    if (!o.quick) measure<optim::sgd, Layout>(model, variables, towers, momentum, o, floor_bandwidth, out);
-    measure<optim::adam, Layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, floor_bandwidth, out);
-    if (!o.quick) measure<optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, floor_bandwidth, out);
+    for (bool checked : {false, true}) {
+      if (!o.quick) measure<optim::sgd, Layout>(model, variables, towers, momentum, o, floor_bandwidth, checked, out);
+      measure<optim::adam, Layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, floor_bandwidth, checked, out);
+      if (!o.quick)
+        measure<optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, floor_bandwidth, checked,
+                                      out);
+    }
   }
 }
 
@@ -87,8 +96,8 @@ int main(int argc, char** argv) try {
   const std::size_t threads = std::thread::hardware_concurrency();
   const double triad = towerpipe_bench::triad_bandwidth(o.quick ? (1u << 24) : (1u << 27), threads, o.repetitions);
   std::printf("CPU triad floor: %.1f GB/s on %zu threads\n", triad / 1e9, threads);
-  std::printf("%-10s %-6s %-12s %2s %11s %9s %9s %8s %8s\n", "variables", "optim", "layout", "N", "parameters", "ms",
-              "floor_ms", "GB/s", "ratio");
+  std::printf("%-10s %-13s %-6s %-12s %2s %11s %9s %9s %8s %8s\n", "variables", "backend", "optim", "layout", "N",
+              "parameters", "ms", "floor_ms", "GB/s", "ratio");
 
   json_rows out;
   out.machine.set("cpu_threads", static_cast<double>(threads)).set("mode", o.quick ? "quick" : "full");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing towerpipe needs, where it is missing, from Debian's packages:
-# cmake, g++, ninja, Catch2 2.x, clang with libFuzzer, and for the training program zlib and OpenBLAS. Extra package names
-# given as arguments are installed too (examples/run.sh asks for the data set). The CUDA toolkit is
+# cmake, g++, ninja, Catch2 2.x, clang with libFuzzer, and for the training program zlib and
+# OpenBLAS. Extra package names given as arguments are installed too (examples/run.sh asks for the data set). The CUDA toolkit is
 # optional (GPU tests are built where nvcc exists).
 set -euo pipefail
 

@@ -166,9 +166,11 @@ class pipeline {
   // The loss scale the tower functions multiply their loss by (1 when loss scaling is off), and the
   // count of good steps towards its next growth; both for checkpoints and schedules.
   double loss_scale() const { return loss_scale_; }
+  bool loss_scaling_on() const { return options_.loss_scale.mode != loss_scale_mode::off; }
   std::int64_t loss_scale_good_steps() const { return good_steps_; }
   void set_loss_scale(double scale, std::int64_t good_steps = 0) {
     const exclusive_call call(busy_, "set_loss_scale");
+    if (!loss_scaling_on()) detail::fail("set_loss_scale: loss scaling is off (pipeline_options::loss_scale)");
     if (!(scale > 0) || !std::isfinite(static_cast<float>(scale)) || good_steps < 0)
       detail::fail("a loss scale must be positive and finite in float, its good-step count >= 0; ", scale, " and ",
                    good_steps, " given");

@@ -174,3 +174,41 @@ TEST_CASE("a checkpoint that cannot be written says why and leaves no temporary"
   CHECK_THROWS_WITH(save_checkpoint(source, "/nonexistent-dir/x.ckpt"),
                     Catch::Contains("checkpoint /nonexistent-dir/x.ckpt: cannot create a temporary file beside it"));
 }
+
+TEST_CASE("the dynamic loss scale is saved and restored; version-1 files without it still load", "[checkpoint][loss_scale]") {
+  const std::string path = temporary_path("scaled.ckpt");
+  pipeline_options options;
+  options.loss_scale.mode = loss_scale_mode::dynamic;
+  options.loss_scale.initial_scale = 256.0;
+  options.loss_scale.growth_interval = 2;
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
+  train_steps(source, 0, 3);  // 256 -> 512 after two good steps, one good step towards the next
+  REQUIRE(source.loss_scale() == 512.0);
+  REQUIRE(source.loss_scale_good_steps() == 1);
+  save_checkpoint(source, path);
+  trainer<layout::per_variable<float>> loaded(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
+  load_checkpoint(loaded, path);
+  CHECK(loaded.loss_scale() == 512.0);
+  CHECK(loaded.loss_scale_good_steps() == 1);
+  require_same_state(loaded, source);
+
+  // The same file as format version 1: no loss_scale line, header size and checksum to match.
+  std::string bytes = read_file(path);
+  bytes.resize(bytes.size() - sizeof(std::uint64_t));
+  const std::size_t line = bytes.find("loss_scale 512 1\n");
+  REQUIRE(line != std::string::npos);
+  bytes.erase(line, 17);
+  const std::uint32_t version = 1;
+  std::memcpy(&bytes[8], &version, sizeof version);
+  std::uint64_t header_size;
+  std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
+  header_size -= 17;
+  std::memcpy(&bytes[12], &header_size, sizeof header_size);
+  const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
+  bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
+  write_file(path, bytes);
+  trainer<layout::flat<float>> old(variables, inputs, 2, optim::adam::hyper_parameters{});
+  load_checkpoint(old, path);
+  require_same_state(old, source);
+  std::remove(path.c_str());
+}

@@ -88,13 +88,17 @@ TEST_CASE("poison_gradients does not mistake a NaN the tower computed for an unw
   batch b;
   b.add("x", x, {1});
   const float zero = static_cast<float>(x[0] - 1.0f);
-  p.step(b, [&](sgd_trainer::tower_context& t) {
+  // No "not written" error: the step is only skipped for its NaN (a checked step), naming it.
+  const step_stats stats = p.step(b, [&](sgd_trainer::tower_context& t) {
     const auto g = t.gradient("w");
     g[0] = zero / zero;  // a computed (quiet) NaN
     g[1] = std::numeric_limits<float>::signaling_NaN();
     return 0.0;
   });
-  CHECK(p.steps_done() == 1);
+  CHECK(stats.skipped);
+  REQUIRE(stats.nonfinite.has_value());
+  CHECK(stats.nonfinite->element == 0);
+  CHECK(stats.nonfinite->tower == std::optional<std::size_t>(0));
 }
 
 TEST_CASE("batches take contiguous ranges and count their examples; bad sizes are named", "[contract][batch]") {

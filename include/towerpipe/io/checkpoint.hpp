@@ -5,8 +5,9 @@
 //
 // File (native byte order; written and read on the same kind of machine):
 //   "TWRPCKPT" | u32 format version | u64 header bytes | header | payload | u64 FNV-1a of all before it
-// header: text lines "key value...": optimizer, value_bytes, state_slots, steps, written_by (the
-// policies, for information), variables, then "variable NAME DIM..." per variable. payload: every
+// header: text lines "key value...": optimizer, value_bytes, state_slots, steps, loss_scale (scale and
+// good steps; restored where the pipeline scales its loss), written_by (the policies, for information),
+// variables, then "variable NAME DIM..." per variable. payload: every
 // variable's parameters in order, then every state slot's variables in order.
 //
 // Writing is atomic: a uniquely named temporary file beside the target, fsync'ed, renamed over it, and
@@ -21,7 +22,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
+#include <iomanip>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,7 +38,8 @@ namespace towerpipe {
 namespace detail {
 
 constexpr char checkpoint_magic[8] = {'T', 'W', 'R', 'P', 'C', 'K', 'P', 'T'};
-constexpr std::uint32_t checkpoint_version = 1;
+// Version 2 added the loss_scale line; version 1 files (without it) still load.
+constexpr std::uint32_t checkpoint_version = 2;
 
 template <class T>
 void append_raw(std::string& out, const T& value) {
@@ -140,6 +144,7 @@ std::string checkpoint_bytes(const Pipeline& pipeline) {
          << "value_bytes " << sizeof(T) << "\n"
          << "state_slots " << pipeline.optimizer_state_slots() << "\n"
          << "steps " << pipeline.steps_done() << "\n"
+         << "loss_scale " << std::setprecision(9) << pipeline.loss_scale() << " " << pipeline.loss_scale_good_steps() << "\n"
          << "written_by exec::" << Pipeline::exec_policy::name << " reduce::" << Pipeline::reduce_policy::name
          << " layout::" << Pipeline::layout_policy::name << "\n"
          << "variables " << variables.count() << "\n"
@@ -180,8 +185,8 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
     reject("not a towerpipe checkpoint (no TWRPCKPT magic)");
   if (bytes.size() < preamble) reject("truncated: ", bytes.size(), " bytes, not even a header");
   const auto version = detail::read_raw<std::uint32_t>(bytes, sizeof detail::checkpoint_magic);
-  if (version != detail::checkpoint_version)
-    reject("format version ", version, ", this build reads version ", detail::checkpoint_version);
+  if (version != 1 && version != detail::checkpoint_version)
+    reject("format version ", version, ", this build reads versions 1 and ", detail::checkpoint_version);
   const auto header_size = detail::read_raw<std::uint64_t>(bytes, preamble - sizeof(std::uint64_t));
   if (header_size > bytes.size() - preamble) reject("truncated inside the header");
 
@@ -209,6 +214,15 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
   const auto slots = static_cast<std::size_t>(number("state_slots"));
   const long long steps = number("steps");
   if (steps < 0 || steps > Pipeline::max_steps) reject("step count ", steps, " is outside [0, 2^53]");
+  double loss_scale = 1;
+  long long good_steps = 0;
+  if (version >= 2) {
+    const std::string text = field("loss_scale");
+    std::istringstream values(text);
+    if (!(values >> loss_scale >> good_steps) || !(values >> std::ws).eof() || !(loss_scale > 0) ||
+        !std::isfinite(static_cast<float>(loss_scale)) || good_steps < 0)
+      reject("unreadable header: 'loss_scale' is '", text, "' (a positive float scale and a count >= 0)");
+  }
   field("written_by");
   const long long count = number("variables");
   variable_set variables;
@@ -260,6 +274,7 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
     for (std::size_t v = 0; v < mine.count(); ++v) pipeline.set_optimizer_state(slot, v, next(mine[v].size), mine[v].size);
   }
   pipeline.restore_steps_done(steps);
+  if (pipeline.loss_scaling_on()) pipeline.set_loss_scale(loss_scale, good_steps);
 }
 
 }  // namespace detail
