@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
+#include "towerpipe/core/half_types.hpp"
 #include "towerpipe/core/policy_kinds.hpp"
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
@@ -61,15 +62,21 @@ class pipeline {
                 "towerpipe::pipeline: the third parameter must be an optimizer: optim::sgd, optim::adam or optim::adamw");
   static_assert(detail::is_layout<Layout>::value,
                 "towerpipe::pipeline: the fourth parameter must be a layout: layout::per_variable<T> or layout::flat<T>");
-  static_assert(std::is_floating_point<typename Layout::value_type>::value,
-                "towerpipe::pipeline: the layout's values must be float or double");
+  static_assert(std::is_floating_point<typename Layout::value_type>::value ||
+                    std::is_same<typename Layout::value_type, bfloat16>::value ||
+                    std::is_same<typename Layout::value_type, float16>::value,
+                "towerpipe::pipeline: the layout's values must be float, double, bfloat16 or float16");
 
  public:
   using exec_policy = Exec;
   using reduce_policy = Reduce;
   using optimizer = Optim;
   using layout_policy = Layout;
-  using value_type = typename Layout::value_type;
+  // The towers' gradients and parameters hold stored_type; master parameters, optimizer state and the
+  // averaged gradient are value_type: float for the 16-bit types (mixed precision), else the same.
+  using stored_type = typename Layout::value_type;
+  using value_type = master_type_t<stored_type>;
+  static constexpr bool mixed_precision = !std::is_same<stored_type, value_type>::value;
   using hyper_parameters = typename Optim::hyper_parameters;
   using towers_type = typename Exec::template towers<Layout>;
   using reducer_type = typename reducer_for<Exec, Reduce, Optim, Layout>::type;
@@ -116,10 +123,14 @@ class pipeline {
   }
 
   // Parameters as the towers see them, read-only between steps (copied to the host where they live on
-  // devices).
+  // devices); with mixed precision the master parameters, whose rounded copy the towers see.
   tensor_view<const value_type> parameter(std::size_t index) const {
     variables_->check_index(index);
-    return towers_->parameter_on_host(index);
+    if constexpr (mixed_precision) {
+      return reducer_->master_on_host(index);
+    } else {
+      return towers_->parameter_on_host(index);
+    }
   }
   tensor_view<const value_type> parameter(const std::string& name) const { return parameter(variables_->index_of(name)); }
 
@@ -131,7 +142,13 @@ class pipeline {
     if (count != v.size)
       detail::fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ",
                    v.size);
-    towers_->set_parameter(index, values);
+    if constexpr (mixed_precision) {
+      std::vector<stored_type> rounded(count);
+      for (std::size_t i = 0; i < count; ++i) rounded[i] = detail::narrow<stored_type>(values[i]);
+      towers_->set_parameter(index, rounded.data());
+    } else {
+      towers_->set_parameter(index, values);
+    }
     if constexpr (detail::reducer_has_parameter_set<reducer_type>::value) reducer_->parameter_set(index, values);
   }
   void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
@@ -262,7 +279,7 @@ class pipeline {
   using clock = std::chrono::steady_clock;
 
   bool checked() const {
-    return options_.on_nonfinite != nonfinite_policy::unchecked || options_.max_grad_norm > 0 ||
+    return mixed_precision || options_.on_nonfinite != nonfinite_policy::unchecked || options_.max_grad_norm > 0 ||
            options_.loss_scale.mode != loss_scale_mode::off || options_.accumulation_steps > 1;
   }
 
@@ -371,7 +388,7 @@ class pipeline {
     if (options.accumulation_steps == 0) detail::fail("pipeline_options::accumulation_steps must be >= 1");
     if (!(options.max_grad_norm >= 0) || std::isinf(options.max_grad_norm))
       detail::fail("pipeline_options::max_grad_norm must be finite and >= 0 (0: no clipping); ", options.max_grad_norm, " given");
-    const bool checks = options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
+    const bool checks = mixed_precision || options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
                         options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;
     if (checks && towers >= detail::nonfinite_sum_tower)
       detail::fail("a checked pipeline takes at most ", detail::nonfinite_sum_tower - 1, " towers, ", towers,

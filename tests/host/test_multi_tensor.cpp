@@ -94,7 +94,7 @@ class emulated_devices {
   optimizer_apply<Optim, float> apply(int replica_count, const typename Optim::template step_constants<float>& c,
                                       pointer_table<float> replicas = {}) {
     if (replicas.pointers == nullptr) replicas = replica_table();
-    return {replicas, {state_pointers_.data(), count()}, replica_count, static_cast<int>(state_.size()), c};
+    return {replicas, {state_pointers_.data(), count()}, replica_count, static_cast<int>(state_.size()), c, {}};
   }
   // The replica pointers of the given towers, as roles 0, 1, ... ([role][variable]).
   std::vector<float*> replica_pointers(const std::vector<int>& towers) {

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "towerpipe/core/half_types.hpp"
+
 namespace towerpipe {
 namespace detail {
 
@@ -24,6 +26,16 @@ template <>
 struct gradient_poison<double> {
   using bits_type = std::uint64_t;
   static constexpr bits_type bits = 0x7FF0DEADDEADDEADull;
+};
+template <>
+struct gradient_poison<bfloat16> {
+  using bits_type = std::uint16_t;
+  static constexpr bits_type bits = 0x7FADu;  // quiet bit (0x40) clear, payload 0x2D
+};
+template <>
+struct gradient_poison<float16> {
+  using bits_type = std::uint16_t;
+  static constexpr bits_type bits = 0x7CADu;  // quiet bit (0x200) clear, payload 0xAD
 };
 
 template <class T>

@@ -67,14 +67,14 @@ TOWERPIPE_HOST_DEVICE inline float float16_bits_to_float(std::uint16_t half) {
 }  // namespace detail
 
 struct bfloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits;  // trivial, as float is: value-initialised storage is +0
   bfloat16() = default;
   TOWERPIPE_HOST_DEVICE explicit bfloat16(float value) : bits(detail::float_to_bfloat16_bits(value)) {}
   TOWERPIPE_HOST_DEVICE explicit operator float() const { return detail::bits_float(static_cast<std::uint32_t>(bits) << 16); }
 };
 
 struct float16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits;  // trivial, as float is: value-initialised storage is +0
   float16() = default;
   TOWERPIPE_HOST_DEVICE explicit float16(float value) : bits(detail::float_to_float16_bits(value)) {}
   TOWERPIPE_HOST_DEVICE explicit operator float() const { return detail::float16_bits_to_float(bits); }

@@ -93,4 +93,12 @@ class variable_set {
   std::size_t total_size_ = 0;
 };
 
+namespace detail {
+// `variables` where `wanted`, else an empty set: for buffers only some configurations need.
+inline const variable_set& variables_if(bool wanted, const variable_set& variables) {
+  static const variable_set none;
+  return wanted ? variables : none;
+}
+}  // namespace detail
+
 }  // namespace towerpipe

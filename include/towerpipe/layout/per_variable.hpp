@@ -22,21 +22,22 @@ struct per_variable {
   // Each allocation starts on a 256-byte boundary, like cudaMalloc's, so vector loads stay aligned.
   static constexpr std::size_t alignment = 256;
 
-  template <class Memory>
+  // buffer<Memory, U> holds U instead of T (mixed precision: fp32 master and state beside bf16 towers).
+  template <class Memory, class U = T>
   class buffer {
    public:
     explicit buffer(const variable_set& variables, const Memory& memory = Memory{}) : variables_(&variables) {
       allocations_.reserve(variables.count());
-      for (const variable& v : variables) allocations_.push_back(memory.template allocate<T>(v.size, alignment));
+      for (const variable& v : variables) allocations_.push_back(memory.template allocate<U>(v.size, alignment));
     }
 
-    T* data(std::size_t index) const { return allocations_[index].get(); }
-    tensor_view<T> view(std::size_t index) const { return {data(index), (*variables_)[index].shape}; }
+    U* data(std::size_t index) const { return allocations_[index].get(); }
+    tensor_view<U> view(std::size_t index) const { return {data(index), (*variables_)[index].shape}; }
     const variable_set& variables() const { return *variables_; }
 
    private:
     const variable_set* variables_;
-    std::vector<typename Memory::template owner<T>> allocations_;
+    std::vector<typename Memory::template owner<U>> allocations_;
   };
 };
 

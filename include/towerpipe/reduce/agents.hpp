@@ -10,6 +10,7 @@
 // its only weight.
 
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/config.hpp"
@@ -38,21 +39,30 @@ TOWERPIPE_HOST_DEVICE void process_chunk(const Agent& agent, const tensor_chunk&
     agent.template process<1>(chunk.variable, chunk.first + k);
 }
 
-// The optimizer step of a group and its broadcast: p = replica 0; Optim::update(g, p, state) per
-// element; p is written to replicas [0, replica_count).
-template <class Optim, class T>
+// The optimizer step of a group and its broadcast: p = the master parameters (replica 0 where the
+// replicas hold T); Optim::update(g, p, state) per element; p is written to replicas [0, replica_count).
+// Mixed precision (Stored = bf16 or fp16): the master is a T buffer of its own (role 0 of `master`),
+// written back in T, and the replicas get p rounded to nearest even.
+template <class Optim, class T, class Stored = T>
 struct optimizer_apply {
-  pointer_table<T> replicas;  // role = tower
-  pointer_table<T> state;     // role = optimizer slot
+  static constexpr bool mixed = !std::is_same<T, Stored>::value;
+  pointer_table<Stored> replicas;  // role = tower
+  pointer_table<T> state;          // role = optimizer slot
   int replica_count;
   int state_slots;
   typename Optim::template step_constants<T> constants;
+  pointer_table<T> master;  // mixed precision only
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void apply(int v, unsigned i, const lanes<T, W>& g) const {
     // Loops over slots run to the compile-time maximum with a guard, so that they unroll and the state
     // stays in registers instead of an indexed local array.
-    lanes<T, W> p = load_lanes<W>(replicas.at(0, v) + i);
+    lanes<T, W> p;
+    if constexpr (mixed) {
+      p = load_lanes<W>(master.at(0, v) + i);
+    } else {
+      p = load_lanes<W>(replicas.at(0, v) + i);
+    }
     lanes<T, W> s[Optim::max_state_slots] = {};
     for (int slot = 0; slot < Optim::max_state_slots; ++slot) {
       if (slot < state_slots) s[slot] = load_lanes<W>(state.at(slot, v) + i);
@@ -66,19 +76,21 @@ struct optimizer_apply {
     for (int slot = 0; slot < Optim::max_state_slots; ++slot) {
       if (slot < state_slots) store_lanes<W>(state.at(slot, v) + i, s[slot]);
     }
-    for (int r = 0; r < replica_count; ++r) store_lanes<W>(replicas.at(r, v) + i, p);
+    if constexpr (mixed) store_lanes<W>(master.at(0, v) + i, p);
+    const lanes<Stored, W> stored = narrow_lanes<Stored>(p);
+    for (int r = 0; r < replica_count; ++r) store_lanes<W>(replicas.at(r, v) + i, stored);
   }
 };
 
 // reduce::device0 in one pass: g = canonical sum over towers t of weights[t] * gradient_t, then apply.
 // Towers > 0 fixes the tower count at compile time (unrolled, partial sums in registers); 0 reads `towers`.
-template <class Optim, class T, int Towers>
+template <class Optim, class T, int Towers, class Stored = T>
 struct fused_apply_agent {
   using value_type = T;
   pointer_table<const T> gradients;  // role = tower
   int towers;
   T weights[max_device_towers];
-  optimizer_apply<Optim, T> apply;
+  optimizer_apply<Optim, T, Stored> apply;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {

@@ -40,11 +40,14 @@ namespace detail {
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 // The optimizer state in host memory and the fused pass over any range of the chunk table; shared by
 // reduce::host for host towers and for GPU towers.
+// Mixed precision (a bf16 or fp16 layout): the state and the average are in the master type, the
+// gradients read are widened, and run() can write a rounded copy of the parameters (the replica).
 template <class Optim, class Layout>
 class host_optimizer_pass {
  public:
-  using value_type = typename Layout::value_type;
-  using buffer = typename Layout::template buffer<host_memory>;
+  using stored_type = typename Layout::value_type;
+  using value_type = master_type_t<stored_type>;
+  using buffer = typename Layout::template buffer<host_memory, value_type>;
   using constants_type = typename Optim::template step_constants<value_type>;
 
   host_optimizer_pass(const variable_set& variables, const typename Optim::hyper_parameters& h)
@@ -72,10 +75,12 @@ class host_optimizer_pass {
   }
 
   // For chunks [first, last): parameters = update(canonical_sum_t(weights[t] * gradients[t]), parameters,
-  // state), spread over the pool's threads.
-  template <class GradientBuffer, class ParameterBuffer>
+  // state), spread over the pool's threads; `replica`, where given, gets the new parameters rounded to
+  // the stored type (mixed precision).
+  template <class GradientBuffer, class ParameterBuffer, class ReplicaBuffer = ParameterBuffer>
   void run(thread_pool& pool, std::size_t first, std::size_t last, const std::vector<const GradientBuffer*>& gradients,
-           ParameterBuffer& parameters, const std::vector<value_type>& weights, const constants_type& constants) {
+           ParameterBuffer& parameters, const std::vector<value_type>& weights, const constants_type& constants,
+           ReplicaBuffer* replica = nullptr) {
     std::vector<std::exception_ptr> failures = pool.run(last - first, [&](std::size_t c) {
       const tensor_chunk& work = chunks_[first + c];
       const std::size_t v = static_cast<std::size_t>(work.variable);
@@ -84,6 +89,11 @@ class host_optimizer_pass {
       for (std::size_t begin = work.first; begin < work.first + work.count; begin += host_reduce_policy::block_elements) {
         const std::size_t count = std::min(host_reduce_policy::block_elements, work.first + work.count - begin);
         apply_block(parameters.data(v) + begin, v, begin, count, sources, weights, constants);
+        if (replica != nullptr) {
+          const value_type* p = parameters.data(v) + begin;
+          auto* r = replica->data(v) + begin;
+          for (std::size_t k = 0; k < count; ++k) r[k] = narrow<stored_type>(p[k]);
+        }
       }
     });
     for (const std::exception_ptr& failure : failures) {
@@ -98,10 +108,10 @@ class host_optimizer_pass {
   void screen(thread_pool& pool, std::size_t first, std::size_t last, const std::vector<const GradientBuffer*>& gradients,
               const std::vector<value_type>& weights, const accumulation<value_type>& step, screen_partials& partials) {
     const int variables = static_cast<int>(averaged_.variables().count());
-    const std::vector<const value_type*> pointers = gather_pointers<const value_type>(gradients);
+    const std::vector<const stored_type*> pointers = gather_pointers<const stored_type>(gradients);
     const std::vector<value_type*> averaged_pointers = gather_pointers<value_type>(std::vector<buffer*>{&averaged_});
     const pointer_table<value_type> averaged{averaged_pointers.data(), variables};
-    const accumulating_source<tower_average_source<value_type, 0, const value_type*>, value_type> source{
+    const accumulating_source<tower_average_source<value_type, 0, const value_type*, stored_type>, value_type> source{
         {{pointers.data(), variables}, static_cast<int>(gradients.size()), weights.data()}, averaged, step};
     std::vector<nonfinite_key> first_in_chunk(last - first, no_nonfinite);
     std::vector<std::exception_ptr> failures = pool.run(last - first, [&](std::size_t c) {
@@ -176,15 +186,27 @@ class host_optimizer_pass {
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
 
-// reduce::host with exec::host (the reducer interface: reduce/reducer_contract.hpp).
+// reduce::host with exec::host (the reducer interface: reduce/reducer_contract.hpp). Mixed precision
+// (a bf16 or fp16 layout): the towers' shared parameters are the rounded copy of a master in the master
+// type that this reducer keeps, and every step is a checked one (the screen widens the gradients).
 template <class Optim, class Layout>
 class host_reducer {
  public:
-  using value_type = typename Layout::value_type;
-  using buffer = typename Layout::template buffer<host_memory>;
+  using stored_type = typename Layout::value_type;
+  using value_type = master_type_t<stored_type>;
+  static constexpr bool mixed = !std::is_same<stored_type, value_type>::value;
+  using tower_buffer = typename Layout::template buffer<host_memory>;
+  using buffer = typename Layout::template buffer<host_memory, value_type>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
-  host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&) : pass_(variables, h) {}
+  host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&)
+      : pass_(variables, h), master_(variables_if(mixed, variables)) {}
+
+  // Mixed precision: the master parameters, and setting them (the towers get the rounded copy).
+  tensor_view<const value_type> master_on_host(std::size_t index) const { return master_.view(index); }
+  void parameter_set(std::size_t index, const value_type* values) {
+    if constexpr (mixed) std::copy(values, values + master_.view(index).size(), master_.data(index));
+  }
 
   std::size_t state_slots() const { return pass_.state_slots(); }
   tensor_view<const value_type> state_on_host(std::size_t slot, std::size_t index) { return pass_.state_view(slot, index); }
@@ -192,34 +214,48 @@ class host_reducer {
   // The fused pass over every chunk, in the towers' shared parameters: there is nothing to broadcast.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                          const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<const buffer*> gradients;
-    for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
-    pass_.run(towers.pool(), 0, pass_.chunks().size(), gradients, towers.shared_parameters(), weights, constants);
-    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if constexpr (mixed) {
+      fail("reduce::host: a mixed-precision step is always a checked one");  // pipeline::checked() says so
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      pass_.run(towers.pool(), 0, pass_.chunks().size(), gradient_buffers(towers), towers.shared_parameters(), weights,
+                constants);
+      stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
   }
   // A checked step (reduce/screen.hpp): average and screen, then apply the average times `scale`.
   screen_partials screen_average(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                                  const accumulation<value_type>& step, stage_seconds& stages) {
     const auto start = std::chrono::steady_clock::now();
-    std::vector<const buffer*> gradients;
-    for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
     screen_partials partials;
     partials.tile_sums.assign(pass_.tile_count(), 0.0);
-    pass_.screen(towers.pool(), 0, pass_.chunks().size(), gradients, weights, step, partials);
+    pass_.screen(towers.pool(), 0, pass_.chunks().size(), gradient_buffers(towers), weights, step, partials);
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return partials;
   }
   void apply_averaged(host_towers<Layout>& towers, value_type scale,
                       const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
     const auto start = std::chrono::steady_clock::now();
-    pass_.run(towers.pool(), 0, pass_.chunks().size(), std::vector<const buffer*>{&pass_.averaged()},
-              towers.shared_parameters(), std::vector<value_type>{scale}, constants);
+    const std::vector<const buffer*> average{&pass_.averaged()};
+    if constexpr (mixed) {
+      pass_.run(towers.pool(), 0, pass_.chunks().size(), average, master_, std::vector<value_type>{scale}, constants,
+                &towers.shared_parameters());
+    } else {
+      pass_.run(towers.pool(), 0, pass_.chunks().size(), average, towers.shared_parameters(),
+                std::vector<value_type>{scale}, constants);
+    }
     stages.reduce += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
+  static std::vector<const tower_buffer*> gradient_buffers(host_towers<Layout>& towers) {
+    std::vector<const tower_buffer*> gradients;
+    for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
+    return gradients;
+  }
+
   host_optimizer_pass<Optim, Layout> pass_;
+  buffer master_;  // mixed precision only (else empty)
 };
 
 }  // namespace detail

@@ -8,6 +8,7 @@
 
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/exact_arithmetic.hpp"
+#include "towerpipe/core/half_types.hpp"
 #include "towerpipe/core/rounded_math.hpp"
 
 #if defined(__CUDACC__)
@@ -59,6 +60,21 @@ TOWERPIPE_HOST_DEVICE void store_lanes(T* p, lanes<T, W> v) {
 #else
   copy_elements<W>(p, v.value);
 #endif
+}
+
+// Mixed precision: stored (bf16, fp16) values widened exactly to the master type, and master values
+// rounded to nearest even into the stored type (core/half_types.hpp); identities where both are T.
+template <class T, class S, unsigned W>
+TOWERPIPE_HOST_DEVICE lanes<T, W> widen_lanes(const lanes<S, W>& v) {
+  lanes<T, W> wide;
+  for (unsigned l = 0; l < W; ++l) wide.value[l] = widen<T>(v.value[l]);
+  return wide;
+}
+template <class S, class T, unsigned W>
+TOWERPIPE_HOST_DEVICE lanes<S, W> narrow_lanes(const lanes<T, W>& v) {
+  lanes<S, W> narrow_values;
+  for (unsigned l = 0; l < W; ++l) narrow_values.value[l] = narrow<S>(v.value[l]);
+  return narrow_values;
 }
 
 template <class T, unsigned W>

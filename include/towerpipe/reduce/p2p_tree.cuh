@@ -211,7 +211,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   }
 
   optimizer_apply<Optim, T> apply_for(const typename Optim::template step_constants<T>& constants) const {
-    return {root_targets_->view(), this->state_table(), root_replica_count_, this->state_slot_count(), constants};
+    return {root_targets_->view(), this->state_table(), root_replica_count_, this->state_slot_count(), constants, {}};
   }
 
   // After the root's pass on tower 0's stream: the parameters go down the tree — the towers the root

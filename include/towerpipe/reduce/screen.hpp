@@ -111,10 +111,11 @@ struct weight_array {
 
 // The canonical weighted average of every tower's raw gradient (reduce::device0 and the host), each
 // raw value checked. Towers > 0 fixes the count at compile time, as fused_apply_agent does. Weights:
-// weight_array<T> on the device, const T* on the host.
-template <class T, int Towers, class Weights>
+// weight_array<T> on the device, const T* on the host. Stored: the gradients' type, widened to T on
+// load (mixed precision: bf16 or fp16 towers, fp32 average).
+template <class T, int Towers, class Weights, class Stored = T>
 struct tower_average_source {
-  pointer_table<const T> gradients;  // role = tower
+  pointer_table<const Stored> gradients;  // role = tower
   int towers;
   Weights weights;
 
@@ -128,7 +129,7 @@ struct tower_average_source {
     canonical_tree_reduce(
         Towers > 0 ? Towers : towers,
         [&](int t, int slot) {
-          const lanes<T, W> raw = load_lanes<W>(gradients.at(t, v) + i);
+          const lanes<T, W> raw = widen_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
           note_nonfinite(raw, v, i, static_cast<unsigned>(t), first);
           partial[slot] = scale_lanes(weights[t], raw);
         },
