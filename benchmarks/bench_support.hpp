@@ -75,6 +75,13 @@ inline double bytes_per_parameter(std::size_t towers, int state_slots, std::size
 // the screen and read by the apply, and a tile's 8-byte partial per 2048 parameters.
 constexpr double screen_bytes = 8.0 + 8.0 / 2048.0;
 
+// A mixed-precision step (always checked): 16-bit gradients read, the fp32 master read and written, the
+// fp32 state, the 16-bit replicas written, the fp32 average written and read.
+inline double mixed_bytes_per_parameter(std::size_t towers, int state_slots, double stored_bytes,
+                                        std::size_t replicas_written) {
+  return stored_bytes * static_cast<double>(towers + replicas_written) + 8.0 + 8.0 * state_slots + screen_bytes;
+}
+
 // Where the .shapes files are by default: share/towerpipe/shapes beside an installed executable's bin/
 // (cmake --install <build> --component benchmarks puts them there), else the source tree it was built from.
 inline std::string default_shapes_dir() {

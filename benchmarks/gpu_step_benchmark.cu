@@ -43,14 +43,16 @@ const char* usage =
 
 #define BENCH_CUDA(call) TOWERPIPE_CUDA_CHECK(call)
 
-// Gradient-like values in [-1e-3, 1e-3) from a hash of the index (thrust::tabulate fills with them).
+// Gradient-like values in [-1e-3, 1e-3) from a hash of the index (thrust::tabulate fills with them), as
+// T (float, or bfloat16 for the mixed-precision rows).
+template <class T>
 struct small_value_of_index {
   unsigned seed;
-  __host__ __device__ float operator()(std::size_t i) const {
+  __host__ __device__ T operator()(std::size_t i) const {
     unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
     h ^= h >> 13;
     h *= 0x5bd1e995u;
-    return (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 2e-3f;
+    return T((static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 2e-3f);
   }
 };
 
@@ -108,8 +110,11 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   constexpr bool host_backend = std::is_same_v<Reduce, reduce::host>;
   const double parameters = static_cast<double>(variables.total_size());
   const int slots = Optim::state_slots(h);
+  constexpr bool mixed = !std::is_same<typename Layout::value_type, float>::value;  // always a checked step
   const double device_bytes =
-      parameters * (towerpipe_bench::bytes_per_parameter(towers, slots, towers - 1) + (checked ? towerpipe_bench::screen_bytes : 0));
+      parameters * (mixed ? towerpipe_bench::mixed_bytes_per_parameter(towers, slots, sizeof(typename Layout::value_type), towers)
+                          : towerpipe_bench::bytes_per_parameter(towers, slots, towers - 1) +
+                                (checked ? towerpipe_bench::screen_bytes : 0));
   const std::size_t instances =
       host_backend ? 1 : std::max<std::size_t>(1, static_cast<std::size_t>(3.0 * f.l2_bytes / device_bytes) + 1);
 
@@ -123,7 +128,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
         auto view = tower_sets.back()->gradients(t).view(v);
         detail::device_guard on(tower_sets.back()->device(t));
         thrust::tabulate(thrust::device, view.data(), view.data() + view.size(),
-                         small_value_of_index{static_cast<unsigned>(t * 131 + v)});
+                         small_value_of_index<typename Layout::value_type>{static_cast<unsigned>(t * 131 + v)});
       }
     }
   }
@@ -153,7 +158,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
     floor_seconds = std::max(pcie, cpu);
   }
   const double ms = median(seconds) * 1e3, floor_ms = floor_seconds * 1e3, wall_ms = median(wall_seconds) * 1e3;
-  const std::string backend = std::string(Reduce::name) + (checked ? " checked" : "");
+  const std::string backend = std::string(Reduce::name) + (mixed ? " bf16" : checked ? " checked" : "");
   std::printf("%-10s %-9s %-6s %-12s %2zu %11.0f %9.3f %9.3f %9.3f %7.2fx\n", model.c_str(), backend.c_str(), Optim::name,
               Layout::name, towers, parameters, ms, wall_ms, floor_ms, ms / floor_ms);
   std::fflush(stdout);
@@ -225,6 +230,8 @@ int main(int argc, char** argv) try {
     const variable_set variables = towerpipe_bench::read_shapes(o.shapes_dir + "/" + model + ".shapes");
     measure_optimizers<reduce::device0, layout::flat<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::device0, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
+    for (std::size_t towers : o.towers)  // mixed precision: bf16 towers, fp32 master and state
+      measure<reduce::device0, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
     measure_optimizers<reduce::p2p_tree, layout::flat<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::p2p_tree, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::host, layout::flat<float>>(model, variables, o, f, out, true);

@@ -2,13 +2,15 @@
 // floor, measured in the same run: a STREAM-like triad on the same number of threads. Prints a table
 // and writes every figure as JSON. --quick runs a small subset in seconds (CI runs it). Backend "host" is
 // the single fused pass (on_nonfinite = unchecked); "host checked" the default checked step (screen,
-// then apply: reduce/screen.hpp), whose floor has the average's write and read on top.
+// then apply: reduce/screen.hpp), whose floor has the average's write and read on top; "host bf16" the
+// mixed-precision step (bf16 towers, fp32 master and state), whose floor counts 2-byte gradients.
 
 #include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <towerpipe/towerpipe.hpp>
@@ -34,6 +36,8 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   pipeline_options options;
   options.host_threads = std::thread::hardware_concurrency();
   if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
+  using stored = typename Layout::value_type;
+  constexpr bool mixed = !std::is_same<stored, float>::value;
   trainer p(variables, {{"x", dtype::float32, {1}}}, towers, h, options);
   const std::vector<float> x(towers, 1.0f);
   batch b;
@@ -44,7 +48,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   // only the reduction is timed.
   p.step(b, [&](typename trainer::tower_context& tower) {
     for (std::size_t v = 0; v < variables.count(); ++v) {
-      for (float& g : tower.gradient(v)) g = normal(rng);
+      for (stored& g : tower.gradient(v)) g = stored(normal(rng));
     }
     return 0.0;
   });
@@ -59,10 +63,11 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const double parameters = static_cast<double>(variables.total_size());
   const int slots = Optim::state_slots(h);
   const double bytes =
-      parameters * (towerpipe_bench::bytes_per_parameter(towers, slots, 0) + (checked ? towerpipe_bench::screen_bytes : 0));
+      parameters * (mixed ? towerpipe_bench::mixed_bytes_per_parameter(towers, slots, sizeof(stored), 1)
+                          : towerpipe_bench::bytes_per_parameter(towers, slots, 0) + (checked ? towerpipe_bench::screen_bytes : 0));
   const double ms = median(seconds) * 1e3;
   const double floor_ms = bytes / floor_bandwidth * 1e3;
-  const char* backend = checked ? "host checked" : "host";
+  const char* backend = mixed ? "host bf16" : checked ? "host checked" : "host";
   std::printf("%-10s %-13s %-6s %-12s %2zu %11.0f %9.3f %9.3f %8.1f %7.2fx\n", model.c_str(), backend, Optim::name,
               Layout::name, towers, parameters, ms, floor_ms, bytes / (ms * 1e-3) / 1e9, ms / floor_ms);
   out.rows.push_back(json_rows::measurement(backend, "host", model, Optim::name, Layout::name, towers, variables, bytes, ms,
@@ -82,6 +87,10 @@ void measure_optimizers(const std::string& model, const variable_set& variables,
         measure<optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, floor_bandwidth, checked,
                                       out);
     }
+    // Mixed precision: bf16 towers, fp32 master and state (a checked step by construction).
+    using bf16_layout = std::conditional_t<std::is_same<Layout, layout::flat<float>>::value, layout::flat<bfloat16>,
+                                           layout::per_variable<bfloat16>>;
+    measure<optim::adam, bf16_layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, floor_bandwidth, true, out);
   }
 }
 

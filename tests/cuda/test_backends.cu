@@ -203,6 +203,76 @@ TEST_CASE("reduce::host with GPU towers equals the host pipeline bitwise (per_va
 }
 
 namespace {
+
+// Mixed precision on GPU towers (reduce::device0) against the host's mixed pipeline: the fp32 master
+// bitwise, every replica's 16-bit patterns equal to the host towers' rounded copy.
+template <class Half, class Layout>
+void check_mixed_device0(std::size_t towers, std::uint64_t salt) {
+  random_source random(salt);
+  INFO("device0 mixed " << Layout::name << ", " << towers << " towers, seed " << random.seed());
+  using host_trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<Half>>;
+  using gpu_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, Layout>;
+  pipeline_options options;
+  options.max_grad_norm = 1.0;
+  optim::adam::hyper_parameters h;
+  h.lr = 0.01;
+  host_trainer reference(test_variables, test_inputs, towers, h, options);
+  gpu_trainer p(test_variables, test_inputs, towers, h, options);
+  for (std::size_t v = 0; v < test_variables.count(); ++v) {
+    const std::vector<float> initial = random.normal(test_variables[v].size);
+    reference.set_parameter(v, initial.data(), initial.size());
+    p.set_parameter(v, initial.data(), initial.size());
+  }
+  const std::size_t examples = 3 * towers - 1;
+  const std::vector<float> x(examples, 1.0f);
+  batch b;
+  b.add("x", x.data(), examples, {1});
+  for (int step = 0; step < 5; ++step) {
+    std::vector<std::vector<std::vector<Half>>> g(towers);
+    for (auto& tower : g) {
+      for (const variable& v : test_variables) {
+        std::vector<Half> values;
+        for (float value : random.wide(v.size)) values.push_back(Half(value * 1e-3f));
+        tower.push_back(values);
+      }
+    }
+    reference.step(b, [&](typename host_trainer::tower_context& tower) {
+      for (std::size_t v = 0; v < test_variables.count(); ++v)
+        tower.write_gradient(v, g[tower.tower()][v].data(), g[tower.tower()][v].size());
+      return 0.0;
+    });
+    p.step(b, [&](typename gpu_trainer::tower_context& tower) {
+      for (std::size_t v = 0; v < test_variables.count(); ++v) {
+        const auto& values = g[tower.tower()][v];
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.gradient(v).data(), values.data(), values.size() * sizeof(Half),
+                                             cudaMemcpyHostToDevice, tower.stream()));
+      }
+      TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
+      return 0.0;
+    });
+  }
+  for (std::size_t v = 0; v < test_variables.count(); ++v) {
+    CHECK(first_bitwise_difference(p.parameter(v), reference.parameter(v)) == -1);
+    const auto expected = reference.execution_space().shared_parameters().view(v);
+    for (std::size_t t = 0; t < towers; ++t) {
+      std::vector<Half> replica(expected.size());
+      REQUIRE_CUDA(cudaMemcpy(replica.data(), p.execution_space().replica(t).data(v), replica.size() * sizeof(Half),
+                              cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < replica.size(); ++i) REQUIRE(replica[i].bits == expected[i].bits);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device0 with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
+  for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
+    check_mixed_device0<bfloat16, layout::flat<bfloat16>>(towers, 700 + towers);
+    check_mixed_device0<float16, layout::per_variable<float16>>(towers, 720 + towers);
+  }
+}
+
+namespace {
 using small_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, layout::flat<float>>;
 const variable_set small_variables{{"w", {16}}};
 

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/log.hpp"
@@ -35,7 +36,9 @@ namespace detail {
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
 class device0_reducer : public device_optimizer_state<Optim, Layout> {
  public:
-  using T = typename Layout::value_type;
+  using G = typename Layout::value_type;  // the towers' gradients and replicas
+  using T = master_type_t<G>;             // master, state, average
+  static constexpr bool mixed = !std::is_same<G, T>::value;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
@@ -63,18 +66,22 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
       gradient_roles.push_back(&staged_[t]->gradients);
       replica_roles.push_back(&staged_[t]->replica);
     }
-    gradients_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(gradient_roles), count, root_);
-    replicas_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(replica_roles), count, root_);
+    gradients_ = std::make_unique<device_pointer_table<G>>(gather_pointers<G>(gradient_roles), count, root_);
+    replicas_ = std::make_unique<device_pointer_table<G>>(gather_pointers<G>(replica_roles), count, root_);
   }
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::device0");
-    device_guard on(root_);
-    gather_gradients(towers);
-    launch_fused_apply<Policy, Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
-                                         weights, apply_for(towers, constants));
-    stages.reduce = broadcast_and_wait(towers, "device0 fused average + apply + broadcast");
+    if constexpr (mixed) {
+      fail("reduce::device0: a mixed-precision step is always a checked one");  // pipeline::checked() says so
+    } else {
+      const nvtx_range range("towerpipe reduce::device0");
+      device_guard on(root_);
+      gather_gradients(towers);
+      launch_fused_apply<Policy, Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
+                                           weights, apply_for(towers, constants));
+      stages.reduce = broadcast_and_wait(towers, "device0 fused average + apply + broadcast");
+    }
   }
 
   // A checked step, pass 1: the average and its screen; nothing the towers read changes.
@@ -114,8 +121,9 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
     }
   }
 
-  optimizer_apply<Optim, T> apply_for(cuda_towers<Layout>& towers, const typename Optim::template step_constants<T>& constants) {
-    return {replicas_->view(), this->state_table(), static_cast<int>(towers.towers()), this->state_slot_count(), constants};
+  optimizer_apply<Optim, T, G> apply_for(cuda_towers<Layout>& towers, const typename Optim::template step_constants<T>& constants) {
+    return {replicas_->view(),  this->state_table(),  static_cast<int>(towers.towers()), this->state_slot_count(),
+            constants,          this->master_table()};
   }
 
   // After the pass that wrote the replicas: copies to towers without peer access; the towers' next work
@@ -142,7 +150,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   cuda_event start_, end_;  // timing: stages.reduce
   device_chunk_table chunks_;
   std::vector<std::unique_ptr<staging>> staged_;  // null where the root reads the tower directly
-  std::unique_ptr<device_pointer_table<T>> gradients_, replicas_;
+  std::unique_ptr<device_pointer_table<G>> gradients_, replicas_;
   device_average<Layout> average_;  // checked steps
 };
 

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "towerpipe/cuda/buffer_copy.cuh"
@@ -33,6 +34,10 @@ struct host_transfer_policy {
 
 template <class Optim, class Layout, class Policy = host_transfer_policy>
 class cuda_host_reducer {
+  static_assert(std::is_floating_point<typename Layout::value_type>::value,
+                "towerpipe: reduce::host with GPU towers does not take mixed precision (bf16/fp16 layouts) yet; "
+                "use reduce::device0");
+
  public:
   using T = typename Layout::value_type;
   using pinned_buffer = typename Layout::template buffer<cuda_pinned_memory>;

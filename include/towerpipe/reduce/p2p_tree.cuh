@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/log.hpp"
@@ -42,6 +43,10 @@ namespace detail {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
 class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
+  static_assert(std::is_floating_point<typename Layout::value_type>::value,
+                "towerpipe: reduce::p2p_tree does not take mixed precision (bf16/fp16 layouts) yet: its partial sums "
+                "live in the towers' 16-bit gradient buffers; use reduce::device0");
+
  public:
   using T = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
