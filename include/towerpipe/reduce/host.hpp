@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <type_traits>
 #include <vector>
@@ -107,20 +109,17 @@ class host_optimizer_pass {
   template <class GradientBuffer>
   void screen(thread_pool& pool, std::size_t first, std::size_t last, const std::vector<const GradientBuffer*>& gradients,
               const std::vector<value_type>& weights, const accumulation<value_type>& step, screen_partials& partials) {
-    const int variables = static_cast<int>(averaged_.variables().count());
-    const std::vector<const stored_type*> pointers = gather_pointers<const stored_type>(gradients);
-    const std::vector<value_type*> averaged_pointers = gather_pointers<value_type>(std::vector<buffer*>{&averaged_});
-    const pointer_table<value_type> averaged{averaged_pointers.data(), variables};
-    const accumulating_source<tower_average_source<value_type, 0, const value_type*, stored_type>, value_type> source{
-        {{pointers.data(), variables}, static_cast<int>(gradients.size()), weights.data()}, averaged, step};
     std::vector<nonfinite_key> first_in_chunk(last - first, no_nonfinite);
     std::vector<std::exception_ptr> failures = pool.run(last - first, [&](std::size_t c) {
       const tensor_chunk& work = chunks_[first + c];
-      std::size_t tile = first_tile_[static_cast<std::size_t>(work.variable)] + work.first / screen_tile_elements;
+      const std::size_t v = static_cast<std::size_t>(work.variable);
+      std::vector<const stored_type*> sources(gradients.size());
+      for (std::size_t t = 0; t < sources.size(); ++t) sources[t] = gradients[t]->data(v);
+      std::size_t tile = first_tile_[v] + work.first / screen_tile_elements;
       for (unsigned begin = 0; begin < work.count; begin += screen_tile_elements, ++tile) {
         const tensor_chunk piece{work.variable, work.first + begin,
                                  std::min<unsigned>(screen_tile_elements, work.count - begin)};
-        const screen_lane_result r = host_screen_tile(source, averaged, piece);
+        const screen_lane_result r = screen_tile(piece, sources, weights, step, averaged_.data(v));
         partials.tile_sums[tile] = r.sum_of_squares;
         first_in_chunk[c] = std::min(first_in_chunk[c], r.first_nonfinite);
       }
@@ -132,6 +131,84 @@ class host_optimizer_pass {
   }
 
  private:
+  // One screen tile on the host: the average, partial and key that the lane program (screen_lane over
+  // 32 lanes, reduce/screen.hpp) gives, computed block by block so that the loops vectorise; a
+  // non-finite value only costs a scan of the block it is in. `out`: the variable's average.
+  screen_lane_result screen_tile(const tensor_chunk& tile, const std::vector<const stored_type*>& sources,
+                                 const std::vector<value_type>& weights, const accumulation<value_type>& step,
+                                 value_type* out) const {
+    constexpr unsigned block = host_reduce_policy::block_elements;
+    nonfinite_key first = no_nonfinite;
+    value_type scratch[32][block];
+    for (unsigned begin = 0; begin < tile.count; begin += block) {
+      const unsigned count = std::min(block, tile.count - begin), at = tile.first + begin;
+      canonical_tree_reduce(
+          static_cast<int>(sources.size()),
+          [&](int tower, int slot) {
+            const stored_type* g = sources[static_cast<std::size_t>(tower)] + at;
+            const value_type w = weights[static_cast<std::size_t>(tower)];
+            unsigned bad = 0;
+            for (unsigned k = 0; k < count; ++k) {
+              const value_type x = widen<value_type>(g[k]);
+              bad |= exponent_all_ones(x);
+              scratch[slot][k] = rounded_mul(w, x);
+            }
+            if (bad != 0) first = std::min(first, first_nonfinite_in(g, count, tile.variable, at, static_cast<unsigned>(tower)));
+          },
+          [&](int left, int right) {
+            for (unsigned k = 0; k < count; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
+          });
+      // accumulating_source's order: micro_weight * average, + the running sum, * inverse_total.
+      value_type* o = out + at;
+      const accumulation<value_type> s = step;
+      unsigned bad = 0;
+      for (unsigned k = 0; k < count; ++k) {
+        value_type x = rounded_mul(s.micro_weight, scratch[0][k]);
+        if (!s.first) x = rounded_add(o[k], x);
+        if (s.last) x = rounded_mul(s.inverse_total, x);
+        o[k] = x;
+        bad |= exponent_all_ones(x);
+      }
+      if (bad != 0) first = std::min(first, first_nonfinite_in(o, count, tile.variable, at, nonfinite_sum_tower));
+    }
+    // The squares in the lane order: lane j takes 128 row + 4 j + l, row outer, l inner.
+    // 32 independent chains, in memory order; a tile's tail only in partial tiles.
+    double sums[screen_lanes] = {};
+    const value_type* x = out + tile.first;
+    const unsigned row_elements = screen_lanes * screen_group;
+    const unsigned full_rows = tile.count / row_elements;
+    for (unsigned row = 0; row < full_rows; ++row, x += row_elements) {
+      for (unsigned j = 0; j < screen_lanes; ++j) {
+        for (unsigned l = 0; l < screen_group; ++l) sums[j] = add_square(sums[j], x[j * screen_group + l]);
+      }
+    }
+    for (unsigned index = 0; index < tile.count - full_rows * row_elements; ++index)
+      sums[index / screen_group] = add_square(sums[index / screen_group], x[index]);
+    return {pairwise_lane_sum(sums), first};
+  }
+
+  // 1 for an infinity or a NaN (the exponent's bits all set), else 0: an integer, so that OR-ing it over
+  // a block vectorises (a floating-point test would need the comparisons kept in order).
+  static unsigned exponent_all_ones(value_type x) {
+    if constexpr (sizeof(value_type) == 4) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      return (bits & 0x7F800000u) == 0x7F800000u;
+    } else {
+      std::uint64_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      return (bits & 0x7FF0000000000000ull) == 0x7FF0000000000000ull;
+    }
+  }
+
+  template <class U>
+  static nonfinite_key first_nonfinite_in(const U* values, unsigned count, int variable, unsigned at, unsigned tower) {
+    for (unsigned k = 0; k < count; ++k) {
+      if (!is_finite_value(widen<value_type>(values[k]))) return make_nonfinite_key(variable, at + k, tower);
+    }
+    return no_nonfinite;
+  }
+
   void apply_block(value_type* p, std::size_t variable, std::size_t first, std::size_t count,
                    const std::vector<const value_type*>& gradients, const std::vector<value_type>& weights,
                    const constants_type& constants) {
