@@ -133,6 +133,23 @@ class emulated_devices {
 
 enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree };
 
+// One step of the host reference on `grads` ([tower][variable]), and the same gradients into the
+// emulated devices' buffers.
+template <class Trainer, class Devices>
+step_stats step_and_load(Trainer& reference, Devices& devices, const batch& b,
+                         const std::vector<std::vector<std::vector<float>>>& grads) {
+  const step_stats stats = reference.step(b, [&](typename Trainer::tower_context& tower) {
+    for (std::size_t v = 0; v < grads[tower.tower()].size(); ++v)
+      tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
+    return 0.0;
+  });
+  for (std::size_t t = 0; t < grads.size(); ++t) {
+    for (std::size_t v = 0; v < grads[t].size(); ++v)
+      std::copy(grads[t][v].begin(), grads[t][v].end(), devices.gradients(t).data(v));
+  }
+  return stats;
+}
+
 template <class Optim, class Layout>
 void check_emulated_backend(backend kind, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
   using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
@@ -160,15 +177,7 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
       for (std::size_t t = 0; t < towers; ++t) {
         for (const variable& v : variables) grads[t].push_back(random.wide(v.size));
       }
-      reference.step(b, [&](typename trainer::tower_context& tower) {
-        for (std::size_t v = 0; v < variables.count(); ++v)
-          tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
-        return 0.0;
-      });
-      for (std::size_t t = 0; t < towers; ++t) {
-        for (std::size_t v = 0; v < variables.count(); ++v)
-          std::copy(grads[t][v].begin(), grads[t][v].end(), devices.gradients(t).data(v));
-      }
+      step_and_load(reference, devices, b, grads);
       devices.poison_replicas();
       const auto constants = Optim::template constants<float>(h, step);
       const int n = devices.towers();
@@ -346,15 +355,7 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
           for (const variable& v : variables) grads[t].push_back(random.wide(v.size));
         }
         if (step % 3 == 0) grads[(towers - 1) / 2][3][static_cast<std::size_t>(step) * 611] = std::nanf("");
-        const step_stats stats = reference.step(b, [&](trainer::tower_context& tower) {
-          for (std::size_t v = 0; v < variables.count(); ++v)
-            tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
-          return 0.0;
-        });
-        for (std::size_t t = 0; t < towers; ++t) {
-          for (std::size_t v = 0; v < variables.count(); ++v)
-            std::copy(grads[t][v].begin(), grads[t][v].end(), devices.gradients(t).data(v));
-        }
+        const step_stats stats = step_and_load(reference, devices, b, grads);
         const screen_partials partials = emulated_checked_step(kind, devices, variables, weights, options.max_grad_norm,
                                                                optim::adam::constants<float>(h, done + 1));
         if (stats.skipped) {
