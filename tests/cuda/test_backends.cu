@@ -367,7 +367,7 @@ TEST_CASE("a tower function returning nothing reports its loss through device_lo
   CHECK(stats.loss == Approx(2.0));
 }
 
-TEST_CASE("bad towers and devices are clear errors; parameters stay and the pipeline still works", "[gpu][errors]") {
+TEST_CASE("bad towers and devices are clear errors, parameters stay and the pipeline still works", "[gpu][errors]") {
   int devices = 0;
   REQUIRE_CUDA(cudaGetDeviceCount(&devices));
   pipeline_options missing_device;

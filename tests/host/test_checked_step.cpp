@@ -148,7 +148,7 @@ TEST_CASE("finite gradients whose weighted sum overflows blame no tower", "[chec
   CHECK(p.steps_done() == 0);
 }
 
-TEST_CASE("nonfinite_policy::throw_error says where and changes nothing; unchecked lets the NaN through",
+TEST_CASE("nonfinite_policy::throw_error says where and changes nothing, unchecked lets the NaN through",
           "[checked][nonfinite]") {
   gradients g(3, 7);
   g.values[2][0][5] = std::numeric_limits<float>::infinity();
@@ -307,7 +307,7 @@ TEST_CASE("dynamic loss scaling follows GradScaler's rules step by step", "[chec
   }
 }
 
-TEST_CASE("fixed loss scaling never changes the scale; bad loss-scaling options are rejected", "[checked][loss_scale]") {
+TEST_CASE("fixed loss scaling never changes the scale, and bad loss-scaling options are rejected", "[checked][loss_scale]") {
   trainer<layout::flat<float>> p(variables, inputs, 2, {}, scaled(loss_scale_mode::fixed, 128.0));
   gradients g(2, 60);
   g.values[0][1][0] = std::numeric_limits<float>::quiet_NaN();

@@ -90,7 +90,7 @@ TEST_CASE("a checkpoint round-trips into another layout and resumes bitwise", "[
   std::remove(path.c_str());
 }
 
-TEST_CASE("damaged or mismatched checkpoints are rejected with the reason; nothing changes", "[checkpoint][errors]") {
+TEST_CASE("damaged or mismatched checkpoints are rejected with the reason, and nothing changes", "[checkpoint][errors]") {
   const std::string path = temporary_path("damaged.ckpt");
   trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
   train_steps(source, 0, 3);
@@ -175,7 +175,7 @@ TEST_CASE("a checkpoint that cannot be written says why and leaves no temporary"
                     Catch::Contains("checkpoint /nonexistent-dir/x.ckpt: cannot create a temporary file beside it"));
 }
 
-TEST_CASE("the dynamic loss scale is saved and restored; version-1 files without it still load", "[checkpoint][loss_scale]") {
+TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files without it still load", "[checkpoint][loss_scale]") {
   const std::string path = temporary_path("scaled.ckpt");
   pipeline_options options;
   options.loss_scale.mode = loss_scale_mode::dynamic;

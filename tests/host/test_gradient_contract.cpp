@@ -101,7 +101,7 @@ TEST_CASE("poison_gradients does not mistake a NaN the tower computed for an unw
   CHECK(stats.nonfinite->tower == std::optional<std::size_t>(0));
 }
 
-TEST_CASE("batches take contiguous ranges and count their examples; bad sizes are named", "[contract][batch]") {
+TEST_CASE("batches take contiguous ranges and count their examples, and bad sizes are named", "[contract][batch]") {
   const std::vector<float> x(12, 1.0f);
   const std::array<std::int32_t, 4> labels{0, 1, 2, 3};
   batch b;

@@ -71,7 +71,7 @@ void step_both(mixed_trainer<Half>& mixed, float_trainer& twin, random_source& r
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("mixed precision: the fp32 master equals an fp32 run on the widened gradients; replicas are it rounded",
+TEMPLATE_TEST_CASE("mixed precision: the fp32 master equals an fp32 run on the widened gradients, replicas are it rounded",
                    "[mixed]", bfloat16, float16) {
   random_source random(100);
   for (std::size_t towers : {1u, 2u, 3u, 5u}) {
