@@ -40,13 +40,24 @@ class table_test(unittest.TestCase):
         self.assertAlmostEqual(self.entries[("host", 2)]["speedups"]["host_ps"], 10.1)
         self.assertEqual(self.entries[("device0", 1)]["speedups"], {})  # no anchor row for N = 1
 
-    def test_targets(self):
+    def test_targets_come_from_the_floor(self):
         verdicts = lambda key: [(c.what, c.met) for c in self.entries[key]["checks"]]
+        bounds = lambda key: [round(c.bound, 3) for c in self.entries[key]["checks"]]
+        # device0, flat: 1.05; torch fused 0.854 / (1.05 * 0.217) = 3.748, op-by-op 12.7 / 0.22785 = 55.738.
         self.assertEqual(verdicts(("device0", 2)), [("floor", True), ("torch fused", True), ("op-by-op", True)])
-        # 0.854 / 0.300 = 2.85 < 3.5; 12.7 / 0.3 = 42.3 < 50.
+        self.assertEqual(bounds(("device0", 2)), [1.05, 3.748, 55.738])
+        # p2p_tree, per_variable, N = 2: 1.10 * (40 - 4) / (16 + 20) = 1.10; 0.854 / 0.2387 = 3.578 > 2.85.
         self.assertEqual(verdicts(("p2p_tree", 2)), [("floor", False), ("torch fused", False), ("op-by-op", False)])
+        self.assertEqual(bounds(("p2p_tree", 2)), [1.1, 3.578, 53.205])
+        # reduce::host: 1.5; CPU PS 101 / (1.5 * 8.0) = 8.417 < 10.1.
         self.assertEqual(verdicts(("host", 2)), [("floor", True), ("CPU PS", True)])
+        self.assertEqual(bounds(("host", 2)), [1.5, 8.417])
         self.assertEqual(verdicts(("device0", 1)), [])
+
+    def test_p2p_tree_bound_scales_with_its_bytes_on_one_device(self):
+        # N = 8: (160 - 12) / (64 + 20) = 1.7619; flat: 1.05 * 1.7619 = 1.85.
+        self.assertAlmostEqual(table.floor_bound(row("p2p_tree", "flat", 8, 1.0, 1.0)), 1.05 * 148 / 84)
+        self.assertAlmostEqual(table.floor_bound(row("device0 checked", "flat", 8, 1.0, 1.0)), 1.05)
 
     def test_markdown_has_a_line_per_entry(self):
         text = table.markdown(table.compare([row("device0", "flat", 2, 0.220, 0.217)], ANCHORS))
