@@ -65,3 +65,25 @@ TEST_CASE("a host pipeline records split, each tower's compute and the reduction
   CHECK(complete_events == 20);
   std::remove(path.c_str());
 }
+
+TEST_CASE("the trace lists its rows in reading order: split, towers by number with their GPU rows, reduce",
+          "[timeline]") {
+  const std::vector<std::string> shuffled{"reduce (GPU)", "tower 10", "tower 2 (GPU)", "reduce", "tower 2",
+                                          "tower 10 (GPU copy)", "split", "tower 0", "tower 10 (GPU)"};
+  timeline trace;
+  const auto now = timeline::clock::now();
+  for (const std::string& row : shuffled) trace.record(row, "work", now, now, 1);
+  const std::string path = "/tmp/towerpipe_test_rows_" + std::to_string(::getpid()) + ".json";
+  trace.write_chrome_trace(path);
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<std::string> expected{"split", "tower 0", "tower 2", "tower 2 (GPU)", "tower 10",
+                                          "tower 10 (GPU copy)", "tower 10 (GPU)", "reduce", "reduce (GPU)"};
+  for (std::size_t r = 0; r < expected.size(); ++r) {
+    INFO(expected[r]);
+    CHECK(json.find("\"tid\": " + std::to_string(r) + ", \"args\": {\"name\": \"" + expected[r] + "\"}") != std::string::npos);
+    CHECK(json.find("\"tid\": " + std::to_string(r) + ", \"args\": {\"sort_index\": " + std::to_string(r) + "}") !=
+          std::string::npos);
+  }
+  std::remove(path.c_str());
+}

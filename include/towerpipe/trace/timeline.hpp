@@ -10,11 +10,14 @@
 // event that each tower's device completed at a known host time. The GPU stages also open NVTX ranges
 // (cuda/nvtx.cuh), which Nsight Systems shows beside the kernels.
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
@@ -46,18 +49,39 @@ class timeline {
     return spans_;
   }
 
-  // Writes {"traceEvents": [...]}: a thread_name record per row, then one complete ("X") event per span.
+  // Rows in reading order: "split", then tower by tower by number ("tower 2" before "tower 10", each
+  // tower's GPU rows after it), then "reduce" and its GPU row, then anything else by name.
+  static bool row_before(const std::string& a, const std::string& b) {
+    const auto key = [](const std::string& row) {
+      int group = 3;
+      unsigned long tower = 0;
+      if (row == "split") group = 0;
+      if (row.rfind("tower ", 0) == 0) {
+        group = 1;
+        tower = std::strtoul(row.c_str() + 6, nullptr, 10);
+      }
+      if (row.rfind("reduce", 0) == 0) group = 2;
+      return std::make_tuple(group, tower, row);
+    };
+    return key(a) < key(b);
+  }
+
+  // Writes {"traceEvents": [...]}: a thread_name and a thread_sort_index record per row (rows in
+  // row_before's order), then one complete ("X") event per span.
   void write_chrome_trace(const std::string& path) const {
     const std::vector<span> all = spans();
     std::vector<std::string> rows;
     for (const span& s : all) {
       if (row_index(rows, s.row) == rows.size()) rows.push_back(s.row);
     }
+    std::sort(rows.begin(), rows.end(), row_before);
     std::ofstream out(path);
     out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
     for (std::size_t r = 0; r < rows.size(); ++r) {
       out << "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": " << r << ", \"args\": {\"name\": \""
           << rows[r] << "\"}},\n";
+      out << "  {\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": " << r
+          << ", \"args\": {\"sort_index\": " << r << "}},\n";
     }
     for (std::size_t i = 0; i < all.size(); ++i) {
       const span& s = all[i];
