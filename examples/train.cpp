@@ -5,16 +5,20 @@
 // checkpoint/resume. `train --help` lists the flags. Bad flags end with a one-line error and exit
 // status 2, bad files with one and exit status 1.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <sys/stat.h>
 #include <type_traits>
 #include <vector>
 
@@ -48,13 +52,17 @@ const char* usage = R"(train — an MLP (784-256-128-10) on Fashion-MNIST across
   --batch-size N        examples per step, split across the towers              [128]
   --lr X                learning rate               [sgd 0.1, momentum 0.05, adam/adamw 0.001]
   --seed N              initial weights and shuffling                           [1]
-  --log-every N         a step line every N steps                               [100]
+  --log-every N         a progress line every N steps (rates averaged over them)  [100]
   --timeline FILE       write a Chrome trace (chrome://tracing, Perfetto) of every step
-  --checkpoint DIR      save DIR/towerpipe.ckpt after every epoch
-  --resume              continue from DIR/towerpipe.ckpt (needs --checkpoint)
+  --metrics FILE        write progress and per-epoch accuracy as CSV
+  --checkpoint DIR      save DIR/towerpipe.ckpt after every epoch (DIR is created)
+  --resume              continue from DIR/towerpipe.ckpt (needs --checkpoint; none there: from step 0)
   --data DIR            Fashion-MNIST gzipped IDX files  [/usr/share/datasets/fashion-mnist]
   --generated N         train on N GENERATED examples (Gaussian clusters) instead of Fashion-MNIST
-  --help                this text)";
+  -h, --help            this text
+
+Flags take their value as the next argument or after '=': --towers 4, --towers=4. Output files and
+directories are checked (and created) before training starts.)";
 
 struct options {
   std::size_t towers = 2;
@@ -64,8 +72,10 @@ struct options {
   std::size_t epochs = 15, batch_size = 128, log_every = 100, generated = 0;
   double lr = -1;
   std::uint64_t seed = 1;
-  std::string timeline_path, checkpoint_dir, data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string timeline_path, metrics_path, checkpoint_dir, data_dir = "/usr/share/datasets/fashion-mnist";
   bool resume = false;
+  std::vector<std::string> given;  // the flags on the command line, to tell defaults apart in messages
+  bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
 };
 
 struct usage_error : std::runtime_error {
@@ -87,18 +97,37 @@ std::size_t positive(const std::string& flag, const std::string& value) {
 
 options parse(int argc, char** argv) {
   options o;
+  const std::vector<std::string> switches{"--resume", "--cpu-towers"};
+  const std::vector<std::string> valued{"--towers", "--devices", "--backend", "--optimizer", "--layout", "--epochs",
+                                        "--batch-size", "--log-every", "--generated", "--seed", "--timeline",
+                                        "--metrics", "--checkpoint", "--data", "--lr"};
+  const auto known = [](const std::vector<std::string>& flags, const std::string& flag) {
+    return std::find(flags.begin(), flags.end(), flag) != flags.end();
+  };
   for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help") {
+    const std::string argument = argv[i];
+    std::string flag = argument, value;
+    const std::size_t equals = argument.find('=');
+    const bool inline_value = argument.rfind("--", 0) == 0 && equals != std::string::npos;
+    if (inline_value) {
+      flag = argument.substr(0, equals);
+      value = argument.substr(equals + 1);
+    }
+    if (flag == "--help" || flag == "-h") {
       std::puts(usage);
       std::exit(0);
     }
-    if (flag == "--resume" || flag == "--cpu-towers") {
+    if (!known(switches, flag) && !known(valued, flag)) throw usage_error("unknown argument " + argument + " (see --help)");
+    o.given.push_back(flag);
+    if (known(switches, flag)) {
+      if (inline_value) throw usage_error(flag + " takes no value");
       (flag == "--resume" ? o.resume : o.cpu_towers) = true;
       continue;
     }
-    if (i + 1 >= argc) throw usage_error(flag + " needs a value (see --help)");
-    const std::string value = argv[++i];
+    if (!inline_value) {
+      if (i + 1 >= argc) throw usage_error(flag + " needs a value (see --help)");
+      value = argv[++i];
+    }
     if (flag == "--towers") o.towers = positive(flag, value);
     else if (flag == "--devices") {
       std::size_t start = 0;
@@ -120,6 +149,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--generated") o.generated = positive(flag, value);
     else if (flag == "--seed") o.seed = positive(flag, value);
     else if (flag == "--timeline") o.timeline_path = value;
+    else if (flag == "--metrics") o.metrics_path = value;
     else if (flag == "--checkpoint") o.checkpoint_dir = value;
     else if (flag == "--data") o.data_dir = value;
     else if (flag == "--lr") {
@@ -130,8 +160,6 @@ options parse(int argc, char** argv) {
         used = 0;
       }
       if (used != value.size() || !(o.lr > 0)) throw usage_error("--lr needs a positive number, not '" + value + "'");
-    } else {
-      throw usage_error("unknown flag " + flag + " (see --help)");
     }
   }
   const auto one_of = [](const std::string& flag, const std::string& value, std::initializer_list<const char*> allowed) {
@@ -184,6 +212,50 @@ double test_accuracy(const Pipeline& p, const mlp& model, const labelled_images&
   return 100.0 * static_cast<double>(correct) / static_cast<double>(test.examples());
 }
 
+// Output files and directories are checked before any training: the directory is created and the file
+// opened for writing (it stays empty until the program writes it), so a bad path costs no training.
+void prepare_output_file(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code error;
+  const std::filesystem::path file(path);
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), error);
+  if (!std::ofstream(path, std::ios::app))
+    throw std::runtime_error(flag + " " + path + ": cannot write there" + (error ? " (" + error.message() + ")" : ""));
+}
+void prepare_output_directory(const std::string& flag, const std::string& directory) {
+  if (directory.empty()) return;
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error || ::access(directory.c_str(), W_OK) != 0)
+    throw std::runtime_error(flag + " " + directory + ": cannot create or write the directory" +
+                             (error ? " (" + error.message() + ")" : ""));
+}
+
+// Step times with the first steps left out (the first step allocates and warms caches: 100-600x a later
+// one on the H200): median, p95, p99 and max, which show the spread the tutorial's users saw.
+struct step_times {
+  static constexpr std::size_t warmup = 5;
+  std::vector<double> seconds;
+
+  std::string summary() const {
+    if (seconds.size() <= warmup) return "too few steps past the warm-up to tell";
+    std::vector<double> kept(seconds.begin() + warmup, seconds.end());
+    std::sort(kept.begin(), kept.end());
+    const auto at = [&](double q) { return kept[static_cast<std::size_t>(q * static_cast<double>(kept.size() - 1) + 0.5)] * 1e3; };
+    char text[200];
+    std::snprintf(text, sizeof text, "median %.2f ms, p95 %.2f, p99 %.2f, max %.2f (%zu steps; the first %zu left out as warm-up)",
+                  at(0.5), at(0.95), at(0.99), kept.back() * 1e3, kept.size(), warmup);
+    return text;
+  }
+};
+
+std::string duration_text(double seconds) {
+  char text[32];
+  if (seconds < 60) std::snprintf(text, sizeof text, "%.0f s", seconds);
+  else std::snprintf(text, sizeof text, "%.0fm%02.0fs", std::floor(seconds / 60), std::fmod(seconds, 60.0));
+  return text;
+}
+
 // Double-buffered batches: while step k runs on one buffer, batch k + 1 is staged in the other.
 struct batch_buffers {
   std::vector<float> images[2];
@@ -234,10 +306,22 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
   p.initialize([&](const variable& v, tensor_view<float> values) { model.initialize(v, values, init_seed); });
 
   const std::size_t batches_per_epoch = data.train.examples() / o.batch_size;
-  if (batches_per_epoch == 0) throw usage_error("--batch-size is larger than the training set");
+  if (batches_per_epoch == 0)
+    throw usage_error("--batch-size " + std::to_string(o.batch_size) + (o.was_given("--batch-size") ? "" : " (the default)") +
+                      " is larger than the training set (" + std::to_string(data.train.examples()) + " examples)");
+  prepare_output_file("--timeline", o.timeline_path);
+  prepare_output_file("--metrics", o.metrics_path);
+  prepare_output_directory("--checkpoint", o.checkpoint_dir);
+  std::ofstream metrics;
+  if (!o.metrics_path.empty()) {
+    metrics.open(o.metrics_path);
+    metrics << "step,epoch,loss,examples_per_second,ms_per_step,test_accuracy\n";
+  }
   const std::string checkpoint = o.checkpoint_dir + "/towerpipe.ckpt";
   std::size_t first_epoch = 0;
-  if (o.resume) {
+  if (o.resume && !std::filesystem::exists(checkpoint)) {
+    std::printf("nothing to resume: %s does not exist; starting at step 0\n", checkpoint.c_str());
+  } else if (o.resume) {
     load_checkpoint(p, checkpoint);
     if (p.steps_done() % static_cast<std::int64_t>(batches_per_epoch) != 0)
       throw std::runtime_error(checkpoint + " was not written at the end of an epoch of this batch size");
@@ -271,15 +355,21 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
   const auto tower_step = [&](typename trainer::tower_context& tower) { return program(tower); };
 
   double accuracy = first_epoch > 0 ? test_accuracy(p, model, data.test) : 0.0;
-  double total_seconds = 0, slowest_step = 0, fastest_step = 1e30;
+  double total_seconds = 0;
   std::size_t total_examples = 0, total_steps = 0;
+  const long long all_steps = static_cast<long long>(o.epochs * batches_per_epoch);
   stage_seconds stage_totals;
+  step_times run_times;
+  // The log interval: examples, loss and wall time since the last progress line.
+  std::size_t interval_steps = 0, interval_examples = 0;
+  double interval_loss = 0;
+  auto interval_start = std::chrono::steady_clock::now();
   for (std::size_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
     std::vector<std::size_t> order(data.train.examples());
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), std::mt19937_64(o.seed * 1000003 + epoch));
     const auto epoch_start = std::chrono::steady_clock::now();
-    double epoch_fastest = 1e30, epoch_slowest = 0;
+    step_times epoch_times;
     stage_batch(order, 0, 0);
     for (std::size_t b = 0; b < batches_per_epoch; ++b) {
       if (b + 1 < batches_per_epoch) stage_batch(order, b + 1, static_cast<int>((b + 1) % 2));
@@ -289,36 +379,50 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
       stage_totals.towers += stats.stages.towers;
       stage_totals.reduce += stats.stages.reduce;
       stage_totals.broadcast += stats.stages.broadcast;
-      epoch_fastest = std::min(epoch_fastest, stats.seconds);
-      epoch_slowest = std::max(epoch_slowest, stats.seconds);
-      if (stats.step % static_cast<std::int64_t>(o.log_every) == 0)
-        std::printf("step %lld, loss = %.2f (%.1f examples/sec; %.3f sec/batch)\n", static_cast<long long>(stats.step),
-                    stats.loss, stats.examples_per_second, stats.seconds);
+      epoch_times.seconds.push_back(stats.seconds);
+      run_times.seconds.push_back(stats.seconds);
+      ++interval_steps;
+      interval_examples += stats.examples;
+      interval_loss += stats.loss;
+      if (stats.step % static_cast<std::int64_t>(o.log_every) == 0) {
+        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - interval_start).count();
+        const double per_step = wall / static_cast<double>(interval_steps);
+        const double rate = static_cast<double>(interval_examples) / wall;
+        const double loss = interval_loss / static_cast<double>(interval_steps);
+        std::printf("step %lld/%lld, loss = %.4f (%.1f examples/sec; %.2f ms/batch; ETA %s)\n",
+                    static_cast<long long>(stats.step), all_steps, loss, rate, per_step * 1e3,
+                    duration_text(per_step * static_cast<double>(all_steps - stats.step)).c_str());
+        if (metrics.is_open())
+          metrics << stats.step << "," << epoch + 1 << "," << loss << "," << rate << "," << per_step * 1e3 << ",\n";
+        interval_steps = interval_examples = 0;
+        interval_loss = 0;
+        interval_start = std::chrono::steady_clock::now();
+      }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     accuracy = test_accuracy(p, model, data.test);
     total_seconds += seconds;
     total_examples += batches_per_epoch * o.batch_size;
-    fastest_step = std::min(fastest_step, epoch_fastest);
-    slowest_step = std::max(slowest_step, epoch_slowest);
-    std::printf("epoch %zu: test accuracy %.2f%%, %.1f examples/sec, step time %.2f-%.2f ms (spread %.2fx)\n", epoch + 1,
-                accuracy, static_cast<double>(batches_per_epoch * o.batch_size) / seconds, epoch_fastest * 1e3,
-                epoch_slowest * 1e3, epoch_slowest / epoch_fastest);
-    std::fflush(stdout);
+    std::sort(epoch_times.seconds.begin(), epoch_times.seconds.end());
+    std::printf("epoch %zu/%zu: test accuracy %.2f%%, %.1f examples/sec, step time median %.2f ms, max %.2f ms\n",
+                epoch + 1, o.epochs, accuracy, static_cast<double>(batches_per_epoch * o.batch_size) / seconds,
+                epoch_times.seconds[epoch_times.seconds.size() / 2] * 1e3, epoch_times.seconds.back() * 1e3);
+    if (metrics.is_open()) metrics << p.steps_done() << "," << epoch + 1 << ",,,," << accuracy << "\n";
     if (!o.checkpoint_dir.empty()) {
-      ::mkdir(o.checkpoint_dir.c_str(), 0755);
       save_checkpoint(p, checkpoint);
+      std::printf("checkpoint: %s (step %lld)\n", checkpoint.c_str(), static_cast<long long>(p.steps_done()));
     }
+    std::fflush(stdout);
   }
   if (!o.timeline_path.empty()) {
     trace.write_chrome_trace(o.timeline_path);
     std::printf("timeline: %zu spans written to %s\n", trace.spans().size(), o.timeline_path.c_str());
   }
-  std::printf("final: test accuracy %.2f%% after %zu epochs; %.1f examples/sec; step time spread %.2fx; "
-              "parameters checksum %016llx\n",
+  std::printf("final: test accuracy %.2f%% after %zu epochs; %.1f examples/sec; parameters checksum %016llx\n",
               accuracy, o.epochs, total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0,
-              total_examples > 0 ? slowest_step / fastest_step : 0.0,
               static_cast<unsigned long long>(parameter_checksum(p)));
+  std::printf("step time: %s\n", run_times.summary().c_str());
+  if (metrics.is_open()) std::printf("metrics: %s\n", o.metrics_path.c_str());
   if (total_steps > 0) {
     const double per_step_ms = 1e3 / static_cast<double>(total_steps);
     std::printf("stages, mean per step: split %.3f ms, towers %.3f ms, reduce %.3f ms, broadcast %.3f ms\n",

@@ -21,9 +21,10 @@ function(final_field output regex out_var)
   set(${out_var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
 endfunction()
 
-# It trains: accuracy far above chance (10%) after 3 epochs, and rises from the first epoch.
-run_train(out 0 ${small} --epochs 3 --towers 3 --lr 0.01)
-final_field("${out}" "epoch 1: test accuracy ([0-9.]+)%" first)
+# It trains: accuracy far above chance (10%) after 3 epochs, and rises from the first epoch. Flags
+# take "--flag value" and "--flag=value".
+run_train(out 0 ${small} --epochs=3 --towers 3 --lr=0.01)
+final_field("${out}" "epoch 1/3: test accuracy ([0-9.]+)%" first)
 final_field("${out}" "final: test accuracy ([0-9.]+)%" last)
 if(last LESS 60 OR last LESS first)
   message(FATAL_ERROR "accuracy ${first}% -> ${last}%: not learning\n${out}")
@@ -33,6 +34,25 @@ final_field("${out}" "stages, mean per step: split [0-9.]+ ms, towers ([0-9.]+) 
 final_field("${out}" "stages, mean per step: .* reduce ([0-9.]+) ms" reduce_ms)
 if(NOT towers_ms GREATER 0 OR NOT reduce_ms GREATER 0)
   message(FATAL_ERROR "stage times not reported:\n${out}")
+endif()
+# Step time as a distribution without the warm-up, and progress lines with the step count and ETA.
+if(NOT out MATCHES "step time: median [0-9.]+ ms, p95 [0-9.]+, p99 [0-9.]+, max [0-9.]+ \\([0-9]+ steps; the first 5 left out as warm-up\\)")
+  message(FATAL_ERROR "no step-time distribution:\n${out}")
+endif()
+run_train(out 0 ${small} --epochs 1 --log-every 5 --metrics ${WORK}/metrics/run.csv)
+if(NOT out MATCHES "step 10/15, loss = [0-9.]+ \\([0-9.]+ examples/sec; [0-9.]+ ms/batch; ETA [0-9]+ s\\)")
+  message(FATAL_ERROR "no progress line with step N/total and ETA:\n${out}")
+endif()
+file(STRINGS ${WORK}/metrics/run.csv rows)
+list(LENGTH rows row_count)
+list(GET rows 0 header)
+# A header, a row per 5 steps (3), a row for the epoch's accuracy.
+if(NOT row_count EQUAL 5 OR NOT header STREQUAL "step,epoch,loss,examples_per_second,ms_per_step,test_accuracy")
+  message(FATAL_ERROR "--metrics wrote ${row_count} rows:\n${rows}")
+endif()
+run_train(out 0 -h)
+if(NOT out MATCHES "^train — ")
+  message(FATAL_ERROR "-h must print the usage: ${out}")
 endif()
 
 # Every optimizer and layout runs.
@@ -49,7 +69,10 @@ foreach(case "--towers;x|--towers needs a positive whole number"
              "--layout;dense|--layout 'dense' is not one of"
              "--backend;device0;--cpu-towers|needs GPU towers"  # invalid with or without a GPU
              "--lr;-1|--lr needs a positive number"
-             "--frobnicate;1|unknown flag --frobnicate"
+             "--frobnicate;1|unknown argument --frobnicate"
+             "--towers=x|--towers needs a positive whole number"
+             "--resume=yes|--resume takes no value"
+             "--generated;10|--batch-size 128 \\(the default\\) is larger than the training set \\(10 examples\\)"
              "--resume|--resume needs --checkpoint"
              "--epochs|--epochs needs a value")
   string(REPLACE "|" ";" parts "${case}")
@@ -65,19 +88,35 @@ run_train(out 1 --data ${WORK}/nowhere --epochs 1)
 if(NOT out MATCHES "^train: cannot open")
   message(FATAL_ERROR "a missing data set must say so: ${out}")
 endif()
+# Output paths are checked before training: nothing trains when one cannot be written.
+file(WRITE ${WORK}/a_file "")
+run_train(out 1 ${small} --epochs 1 --timeline ${WORK}/a_file/trace.json)
+if(NOT out MATCHES "^train: --timeline .*a_file/trace.json: cannot write there" OR out MATCHES "epoch")
+  message(FATAL_ERROR "an unwritable --timeline must fail before training: ${out}")
+endif()
+run_train(out 1 ${small} --epochs 1 --checkpoint ${WORK}/a_file/nested)
+if(NOT out MATCHES "^train: --checkpoint .*: cannot create or write the directory" OR out MATCHES "epoch")
+  message(FATAL_ERROR "an unwritable --checkpoint must fail before training: ${out}")
+endif()
 
 # The timeline: a complete span per stage and tower, every step.
 run_train(out 0 ${small} --epochs 1 --towers 2 --timeline ${WORK}/trace.json)
 file(READ ${WORK}/trace.json trace)
 string(JSON events LENGTH "${trace}" traceEvents)
-# 600 / 40 = 15 steps x (split + 2 towers + reduce), plus 4 row names.
-if(NOT events EQUAL 64)
-  message(FATAL_ERROR "timeline has ${events} events, expected 64")
+# 600 / 40 = 15 steps x (split + 2 towers + reduce), plus a name and a sort index for each of 4 rows.
+if(NOT events EQUAL 68)
+  message(FATAL_ERROR "timeline has ${events} events, expected 68")
 endif()
 
-# Resume: 2 epochs straight equal 1 epoch, a checkpoint, then 1 more epoch resumed — bitwise.
+# Resume: 2 epochs straight equal 1 epoch, a checkpoint, then 1 more epoch resumed — bitwise. The
+# checkpoint directory is created however deep; --resume with nothing there says so and starts at 0.
 run_train(straight 0 ${small} --epochs 2 --checkpoint ${WORK}/straight)
-run_train(first 0 ${small} --epochs 1 --checkpoint ${WORK}/resumed)
+run_train(first 0 ${small} --epochs 1 --checkpoint ${WORK}/deep/er/resumed --resume)
+if(NOT first MATCHES "nothing to resume: .*towerpipe.ckpt does not exist; starting at step 0" OR
+   NOT first MATCHES "checkpoint: .*/deep/er/resumed/towerpipe.ckpt \\(step 15\\)")
+  message(FATAL_ERROR "a fresh --resume must say there is nothing to resume, and save:\n${first}")
+endif()
+file(RENAME ${WORK}/deep/er/resumed ${WORK}/resumed)
 run_train(second 0 ${small} --epochs 2 --checkpoint ${WORK}/resumed --resume)
 final_field("${straight}" "parameters checksum ([0-9a-f]+)" a)
 final_field("${second}" "parameters checksum ([0-9a-f]+)" b)
