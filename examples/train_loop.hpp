@@ -1,0 +1,281 @@
+#pragma once
+// The training program's loop (examples/train.cpp): options, the training of one configuration of
+// policies with its progress output, checkpoints and summary. A header so that host towers build with
+// the C++ compiler alone (train.cpp) and GPU towers in a translation unit of their own (train_gpu.cu).
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <towerpipe/towerpipe.hpp>
+
+#include "datasets.hpp"
+#include "mlp.hpp"
+
+namespace towerpipe_examples::training {
+
+using namespace towerpipe;
+
+struct options {
+  std::size_t towers = 2;
+  std::vector<int> devices;
+  bool cpu_towers = false, gpu_towers = false;
+  std::string backend, optimizer = "adam", layout = "flat";
+  std::size_t epochs = 15, batch_size = 128, log_every = 100, generated = 0;
+  double lr = -1;
+  std::uint64_t seed = 1;
+  std::string timeline_path, metrics_path, checkpoint_dir, data_dir = "/usr/share/datasets/fashion-mnist";
+  bool resume = false;
+  std::vector<std::string> given;  // the flags on the command line, to tell defaults apart in messages
+  bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
+};
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, and the training
+// with GPU towers for one optimizer and layout (backend from o.backend).
+int visible_gpus();
+template <class Optim, class Layout>
+int train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h);
+
+// A fingerprint of every parameter's bits: two runs print the same value exactly when they end bitwise equal.
+template <class Pipeline>
+std::uint64_t parameter_checksum(const Pipeline& p) {
+  std::uint64_t hash = fnv1a_basis;
+  for (std::size_t v = 0; v < p.variables().count(); ++v) {
+    const auto values = p.parameter(v);
+    hash = fnv1a(values.data(), values.size() * sizeof(float), hash);
+  }
+  return hash;
+}
+
+template <class Pipeline>
+double test_accuracy(const Pipeline& p, const mlp& model, const labelled_images& test) {
+  towerpipe::batch all;
+  all.add("image", test.images.data(), test.examples(), {test.features});
+  all.add("label", test.labels.data(), test.examples(), {});
+  const std::size_t correct = model.count_correct(all.input<float>("image"), all.input<std::int32_t>("label"),
+                                                  [&](std::size_t i) { return p.parameter(i).data(); });
+  return 100.0 * static_cast<double>(correct) / static_cast<double>(test.examples());
+}
+
+// Output files and directories are checked before any training: the directory is created and the file
+// opened for writing (it stays empty until the program writes it), so a bad path costs no training.
+inline void prepare_output_file(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code error;
+  const std::filesystem::path file(path);
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), error);
+  if (!std::ofstream(path, std::ios::app))
+    throw std::runtime_error(flag + " " + path + ": cannot write there" + (error ? " (" + error.message() + ")" : ""));
+}
+inline void prepare_output_directory(const std::string& flag, const std::string& directory) {
+  if (directory.empty()) return;
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error || ::access(directory.c_str(), W_OK) != 0)
+    throw std::runtime_error(flag + " " + directory + ": cannot create or write the directory" +
+                             (error ? " (" + error.message() + ")" : ""));
+}
+
+// Step times with the first steps left out (the first step allocates and warms caches: 100-600x a later
+// one on the H200): median, p95, p99 and max, which show the spread the tutorial's users saw.
+struct step_times {
+  static constexpr std::size_t warmup = 5;
+  std::vector<double> seconds;
+
+  std::string summary() const {
+    if (seconds.size() <= warmup) return "too few steps past the warm-up to tell";
+    std::vector<double> kept(seconds.begin() + warmup, seconds.end());
+    std::sort(kept.begin(), kept.end());
+    const auto at = [&](double q) { return kept[static_cast<std::size_t>(q * static_cast<double>(kept.size() - 1) + 0.5)] * 1e3; };
+    char text[200];
+    std::snprintf(text, sizeof text, "median %.2f ms, p95 %.2f, p99 %.2f, max %.2f (%zu steps; the first %zu left out as warm-up)",
+                  at(0.5), at(0.95), at(0.99), kept.back() * 1e3, kept.size(), warmup);
+    return text;
+  }
+};
+
+inline std::string duration_text(double seconds) {
+  char text[32];
+  if (seconds < 60) std::snprintf(text, sizeof text, "%.0f s", seconds);
+  else std::snprintf(text, sizeof text, "%.0fm%02.0fs", std::floor(seconds / 60), std::fmod(seconds, 60.0));
+  return text;
+}
+
+// Double-buffered batches: while step k runs on one buffer, batch k + 1 is staged in the other.
+struct batch_buffers {
+  std::vector<float> images[2];
+  std::vector<std::int32_t> labels[2];
+};
+
+// How one tower computes its gradients: host towers through mlp.hpp (OpenBLAS), GPU towers through
+// mlp_cuda.cuh (cuBLAS, one workspace per tower, made by the tower's thread on first use).
+template <class Exec>
+struct tower_program {
+  const mlp& model;
+  tower_program(const mlp& m, const options&) : model(m) {}
+  template <class Context>
+  double operator()(Context& tower) const {
+    return model.loss_and_gradient(
+        tower.template input<float>("image"), tower.template input<std::int32_t>("label"),
+        [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); });
+  }
+};
+
+template <class Exec, class Reduce, class Optim, class Layout>
+int train(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+  using trainer = pipeline<Exec, Reduce, Optim, Layout>;
+  const mlp model({data.train.features, 256, 128, 10});
+  timeline trace;
+  pipeline_options pipeline_opts;
+  pipeline_opts.devices = o.devices;
+  if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
+  trainer p(model.variables(), model.input_specs(), o.towers, h, pipeline_opts);
+  std::uint64_t init_seed = o.seed;
+  p.initialize([&](const variable& v, tensor_view<float> values) { model.initialize(v, values, init_seed); });
+
+  const std::size_t batches_per_epoch = data.train.examples() / o.batch_size;
+  if (batches_per_epoch == 0)
+    throw usage_error("--batch-size " + std::to_string(o.batch_size) + (o.was_given("--batch-size") ? "" : " (the default)") +
+                      " is larger than the training set (" + std::to_string(data.train.examples()) + " examples)");
+  prepare_output_file("--timeline", o.timeline_path);
+  prepare_output_file("--metrics", o.metrics_path);
+  prepare_output_directory("--checkpoint", o.checkpoint_dir);
+  std::ofstream metrics;
+  if (!o.metrics_path.empty()) {
+    metrics.open(o.metrics_path);
+    metrics << "step,epoch,loss,examples_per_second,ms_per_step,test_accuracy\n";
+  }
+  const std::string checkpoint = o.checkpoint_dir + "/towerpipe.ckpt";
+  std::size_t first_epoch = 0;
+  if (o.resume && !std::filesystem::exists(checkpoint)) {
+    std::printf("nothing to resume: %s does not exist; starting at step 0\n", checkpoint.c_str());
+  } else if (o.resume) {
+    load_checkpoint(p, checkpoint);
+    if (p.steps_done() % static_cast<std::int64_t>(batches_per_epoch) != 0)
+      throw std::runtime_error(checkpoint + " was not written at the end of an epoch of this batch size");
+    first_epoch = static_cast<std::size_t>(p.steps_done()) / batches_per_epoch;
+    std::printf("resumed from %s at step %lld (epoch %zu)\n", checkpoint.c_str(), static_cast<long long>(p.steps_done()),
+                first_epoch);
+  }
+  std::printf("data: %s: %zu training, %zu test examples\n", data.description.c_str(), data.train.examples(),
+              data.test.examples());
+  std::printf("model: %s, %zu parameters; %zu %s towers, reduce::%s, %s, layout::%s, batch %zu, lr %g\n",
+              model.describe().c_str(), p.variables().total_size(), p.towers(),
+              std::is_same_v<Exec, exec::host> ? "host" : "GPU", Reduce::name, o.optimizer.c_str(), Layout::name,
+              o.batch_size, o.lr);
+
+  const std::size_t features = data.train.features;
+  batch_buffers buffers;
+  const auto stage_batch = [&](const std::vector<std::size_t>& order, std::size_t b, int slot) {
+    buffers.images[slot].resize(o.batch_size * features);
+    buffers.labels[slot].resize(o.batch_size);
+    for (std::size_t e = 0; e < o.batch_size; ++e) {
+      const std::size_t example = order[b * o.batch_size + e];
+      std::copy_n(data.train.images.data() + example * features, features, buffers.images[slot].data() + e * features);
+      buffers.labels[slot][e] = data.train.labels[example];
+    }
+    towerpipe::batch next;
+    next.add("image", buffers.images[slot].data(), o.batch_size, {features});
+    next.add("label", buffers.labels[slot].data(), o.batch_size, {});
+    p.stage(next);
+  };
+  tower_program<Exec> program(model, o);
+  const auto tower_step = [&](typename trainer::tower_context& tower) { return program(tower); };
+
+  double accuracy = first_epoch > 0 ? test_accuracy(p, model, data.test) : 0.0;
+  double total_seconds = 0;
+  std::size_t total_examples = 0, total_steps = 0;
+  const long long all_steps = static_cast<long long>(o.epochs * batches_per_epoch);
+  stage_seconds stage_totals;
+  step_times run_times;
+  // The log interval: examples, loss and wall time since the last progress line.
+  std::size_t interval_steps = 0, interval_examples = 0;
+  double interval_loss = 0;
+  auto interval_start = std::chrono::steady_clock::now();
+  for (std::size_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
+    std::vector<std::size_t> order(data.train.examples());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(o.seed * 1000003 + epoch));
+    const auto epoch_start = std::chrono::steady_clock::now();
+    step_times epoch_times;
+    stage_batch(order, 0, 0);
+    for (std::size_t b = 0; b < batches_per_epoch; ++b) {
+      if (b + 1 < batches_per_epoch) stage_batch(order, b + 1, static_cast<int>((b + 1) % 2));
+      const step_stats stats = p.step(tower_step);
+      ++total_steps;
+      stage_totals.split += stats.stages.split;
+      stage_totals.towers += stats.stages.towers;
+      stage_totals.reduce += stats.stages.reduce;
+      stage_totals.broadcast += stats.stages.broadcast;
+      epoch_times.seconds.push_back(stats.seconds);
+      run_times.seconds.push_back(stats.seconds);
+      ++interval_steps;
+      interval_examples += stats.examples;
+      interval_loss += stats.loss;
+      if (stats.step % static_cast<std::int64_t>(o.log_every) == 0) {
+        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - interval_start).count();
+        const double per_step = wall / static_cast<double>(interval_steps);
+        const double rate = static_cast<double>(interval_examples) / wall;
+        const double loss = interval_loss / static_cast<double>(interval_steps);
+        std::printf("step %lld/%lld, loss = %.4f (%.1f examples/sec; %.2f ms/batch; ETA %s)\n",
+                    static_cast<long long>(stats.step), all_steps, loss, rate, per_step * 1e3,
+                    duration_text(per_step * static_cast<double>(all_steps - stats.step)).c_str());
+        if (metrics.is_open())
+          metrics << stats.step << "," << epoch + 1 << "," << loss << "," << rate << "," << per_step * 1e3 << ",\n";
+        interval_steps = interval_examples = 0;
+        interval_loss = 0;
+        interval_start = std::chrono::steady_clock::now();
+      }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    accuracy = test_accuracy(p, model, data.test);
+    total_seconds += seconds;
+    total_examples += batches_per_epoch * o.batch_size;
+    std::sort(epoch_times.seconds.begin(), epoch_times.seconds.end());
+    std::printf("epoch %zu/%zu: test accuracy %.2f%%, %.1f examples/sec, step time median %.2f ms, max %.2f ms\n",
+                epoch + 1, o.epochs, accuracy, static_cast<double>(batches_per_epoch * o.batch_size) / seconds,
+                epoch_times.seconds[epoch_times.seconds.size() / 2] * 1e3, epoch_times.seconds.back() * 1e3);
+    if (metrics.is_open()) metrics << p.steps_done() << "," << epoch + 1 << ",,,," << accuracy << "\n";
+    if (!o.checkpoint_dir.empty()) {
+      save_checkpoint(p, checkpoint);
+      std::printf("checkpoint: %s (step %lld)\n", checkpoint.c_str(), static_cast<long long>(p.steps_done()));
+    }
+    std::fflush(stdout);
+  }
+  if (!o.timeline_path.empty()) {
+    trace.write_chrome_trace(o.timeline_path);
+    std::printf("timeline: %zu spans written to %s\n", trace.spans().size(), o.timeline_path.c_str());
+  }
+  std::printf("final: test accuracy %.2f%% after %zu epochs; %.1f examples/sec; parameters checksum %016llx\n",
+              accuracy, o.epochs, total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0,
+              static_cast<unsigned long long>(parameter_checksum(p)));
+  std::printf("step time: %s\n", run_times.summary().c_str());
+  if (metrics.is_open()) std::printf("metrics: %s\n", o.metrics_path.c_str());
+  if (total_steps > 0) {
+    const double per_step_ms = 1e3 / static_cast<double>(total_steps);
+    std::printf("stages, mean per step: split %.3f ms, towers %.3f ms, reduce %.3f ms, broadcast %.3f ms\n",
+                stage_totals.split * per_step_ms, stage_totals.towers * per_step_ms, stage_totals.reduce * per_step_ms,
+                stage_totals.broadcast * per_step_ms);
+  }
+  return 0;
+}
+
+
+}  // namespace towerpipe_examples::training
