@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing towerpipe needs, where it is missing, from Debian's packages:
-# cmake, g++, ninja, Catch2 2.x, clang with libFuzzer, and for the training program zlib and
-# OpenBLAS. Extra package names given as arguments are installed too (examples/run.sh asks for the data set). The CUDA toolkit is
-# optional (GPU tests are built where nvcc exists).
+# cmake, g++, ninja, Catch2 2.x, clang with libFuzzer, and for the training program zlib and OpenBLAS.
+# Extra package names given as arguments are installed too (examples/run.sh asks for the data set).
+# matplotlib (the plots; ctest examples.plot_metrics) comes from PyPI for the python3 on PATH, which
+# need not be Debian's. The CUDA toolkit is optional (GPU tests are built where nvcc exists).
 set -euo pipefail
 
 needed=()
@@ -16,6 +17,10 @@ dpkg -s libopenblas-dev >/dev/null 2>&1 || needed+=(libopenblas-dev)
 # clang with libFuzzer for the checkpoint fuzzer (ctest fuzz.checkpoint_reader)
 command -v clang++ >/dev/null || needed+=(clang)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || needed+=(libclang-rt-14-dev)
+if command -v python3 >/dev/null && ! python3 -c "import matplotlib" >/dev/null 2>&1; then
+  echo "towerpipe: installing matplotlib from PyPI for $(command -v python3)"
+  python3 -m pip install --quiet matplotlib || echo "towerpipe: no matplotlib: the plot test will be skipped" >&2
+fi
 for package in "$@"; do dpkg -s "$package" >/dev/null 2>&1 || needed+=("$package"); done
 [ ${#needed[@]} -eq 0 ] && exit 0
 
