@@ -62,6 +62,17 @@ __global__ void softmax_cross_entropy(float* logits, const std::int32_t* labels,
   for (int c = 0; c < classes; ++c) row[c] = (row[c] / total - (c == label ? 1.0f : 0.0f)) / examples;
 }
 
+// Adds to *correct the examples whose largest logit (the first, on a tie) is their label's.
+__global__ void count_argmax_hits(const float* logits, const std::int32_t* labels, int examples, int classes,
+                                  unsigned* correct) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= examples) return;
+  const float* row = logits + e * classes;
+  int best = 0;
+  for (int c = 1; c < classes; ++c) best = row[c] > row[best] ? c : best;
+  if (best == labels[e]) atomicAdd(correct, 1u);
+}
+
 // out[o] = (sum over rows e of values[e * columns + o]) / divisor, one block per column: each thread sums
 // a strided share and cub::BlockReduce combines the threads' sums in a fixed order (the same bits every
 // run). Gives the bias gradients (divisor 1) and the shard's mean loss (one column).
@@ -87,6 +98,23 @@ inline void gemm_rowmajor(cublasHandle_t handle, bool transpose_a, bool transpos
   TOWERPIPE_EXAMPLES_CUBLAS(cublasSgemm(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                         transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda, &beta,
                                         c, ldc));
+}
+
+// The forward pass over `batch` examples at `input` (row-major, layers[0] features each) on `stream`:
+// activations[k + 1] = relu(activations[k] W_k^T + b_k), the last without ReLU (the logits).
+// parameter(i): variable i (W_0, b_0, W_1, ...) on the device.
+template <class Parameter>
+void forward_pass(cublasHandle_t handle, cudaStream_t stream, const std::vector<std::size_t>& layers, const float* input,
+                  int batch, Parameter&& parameter, const std::vector<towerpipe::cuda_device_memory::owner<float>>& activations) {
+  const std::size_t layer_count = layers.size() - 1;
+  for (std::size_t k = 0; k < layer_count; ++k) {
+    const int in = static_cast<int>(layers[k]), out = static_cast<int>(layers[k + 1]);
+    const float* from = k == 0 ? input : activations[k].get();
+    float* output = activations[k + 1].get();
+    kernels::broadcast_bias<<<kernels::blocks(batch * out), 256, 0, stream>>>(output, parameter(2 * k + 1), batch, out);
+    gemm_rowmajor(handle, false, true, batch, out, in, 1.0f, from, in, parameter(2 * k), in, 1.0f, output, out);
+    if (k + 1 < layer_count) kernels::relu<<<kernels::blocks(batch * out), 256, 0, stream>>>(output, batch * out);
+  }
 }
 
 class gpu_mlp_workspace {
@@ -118,17 +146,8 @@ class gpu_mlp_workspace {
     TOWERPIPE_EXAMPLES_CUBLAS(cublasSetStream(handle_, tower.stream()));
     cudaStream_t stream = tower.stream();
     const std::size_t layer_count = layers_.size() - 1;
-    // Forward.
-    for (std::size_t k = 0; k < layer_count; ++k) {
-      const int in = static_cast<int>(layers_[k]), out = static_cast<int>(layers_[k + 1]);
-      const float* input = k == 0 ? images.data() : activations_[k].get();
-      float* output = activations_[k + 1].get();
-      kernels::broadcast_bias<<<kernels::blocks(batch * out), 256, 0, stream>>>(output, tower.parameter(2 * k + 1).data(),
-                                                                                batch, out);
-      gemm_rowmajor(handle_, false, true, batch, out, in, 1.0f, input, in, tower.parameter(2 * k).data(), in, 1.0f, output,
-                    out);
-      if (k + 1 < layer_count) kernels::relu<<<kernels::blocks(batch * out), 256, 0, stream>>>(output, batch * out);
-    }
+    forward_pass(handle_, stream, layers_, images.data(), batch, [&](std::size_t i) { return tower.parameter(i).data(); },
+                 activations_);
     const int classes = static_cast<int>(layers_.back());
     float* delta = activations_.back().get();  // the logits become their gradient in place
     kernels::softmax_cross_entropy<<<kernels::blocks(batch), 256, 0, stream>>>(delta, labels.data(), losses_.get(), batch,
@@ -157,6 +176,63 @@ class gpu_mlp_workspace {
   std::vector<towerpipe::cuda_device_memory::owner<float>> activations_;  // [0] empty: the images are read in place
   towerpipe::cuda_device_memory::owner<float> delta_{nullptr, {0}}, previous_{nullptr, {0}}, losses_{nullptr, {0}};
   std::size_t max_examples_ = 0;
+};
+
+// Test accuracy on the GPU: the test set uploaded once, then the forward pass of training over chunks
+// of it with parameters already on the device, and a count of the argmax hits.
+class gpu_mlp_evaluator {
+ public:
+  gpu_mlp_evaluator(const std::vector<std::size_t>& layers, const float* images, const std::int32_t* labels,
+                    std::size_t examples, int device)
+      : layers_(layers),
+        device_(device),
+        examples_(examples),
+        chunk_(std::min<std::size_t>(examples, 4096)),
+        images_(towerpipe::cuda_device_memory{device}.allocate<float>(examples * layers[0], 256)),
+        labels_(towerpipe::cuda_device_memory{device}.allocate<std::int32_t>(examples, 256)),
+        correct_(towerpipe::cuda_device_memory{device}.allocate<unsigned>(1, 256)),
+        stream_(device) {
+    towerpipe::detail::device_guard on(device);
+    TOWERPIPE_EXAMPLES_CUBLAS(cublasCreate(&handle_));
+    towerpipe::detail::copy_to_device_now(images_.get(), images, examples * layers[0] * sizeof(float));
+    towerpipe::detail::copy_to_device_now(labels_.get(), labels, examples * sizeof(std::int32_t));
+    activations_.emplace_back(nullptr, towerpipe::cuda_device_memory::free_on_device{device});  // the images
+    for (std::size_t k = 1; k < layers.size(); ++k)
+      activations_.push_back(towerpipe::cuda_device_memory{device}.allocate<float>(chunk_ * layers[k], 256));
+  }
+  ~gpu_mlp_evaluator() { cublasDestroy(handle_); }
+  gpu_mlp_evaluator(const gpu_mlp_evaluator&) = delete;
+  gpu_mlp_evaluator& operator=(const gpu_mlp_evaluator&) = delete;
+
+  // parameter(i): variable i on this evaluator's device, final (no step in flight).
+  template <class Parameter>
+  std::size_t count_correct(Parameter&& parameter) {
+    towerpipe::detail::device_guard on(device_);
+    TOWERPIPE_EXAMPLES_CUBLAS(cublasSetStream(handle_, stream_.get()));
+    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(correct_.get(), 0, sizeof(unsigned), stream_.get()));
+    const int classes = static_cast<int>(layers_.back());
+    for (std::size_t first = 0; first < examples_; first += chunk_) {
+      const int batch = static_cast<int>(std::min(chunk_, examples_ - first));
+      forward_pass(handle_, stream_.get(), layers_, images_.get() + first * layers_[0], batch, parameter, activations_);
+      kernels::count_argmax_hits<<<kernels::blocks(batch), 256, 0, stream_.get()>>>(
+          activations_.back().get(), labels_.get() + first, batch, classes, correct_.get());
+    }
+    unsigned correct = 0;
+    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(&correct, correct_.get(), sizeof correct, cudaMemcpyDeviceToHost, stream_.get()));
+    TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    return correct;
+  }
+
+ private:
+  std::vector<std::size_t> layers_;
+  int device_;
+  std::size_t examples_, chunk_;
+  towerpipe::cuda_device_memory::owner<float> images_;
+  towerpipe::cuda_device_memory::owner<std::int32_t> labels_;
+  towerpipe::cuda_device_memory::owner<unsigned> correct_;
+  towerpipe::detail::cuda_stream stream_;
+  cublasHandle_t handle_ = nullptr;
+  std::vector<towerpipe::cuda_device_memory::owner<float>> activations_;
 };
 
 }  // namespace towerpipe_examples

@@ -26,6 +26,25 @@ struct tower_program<exec::cuda> {
   }
 };
 
+// GPU towers evaluate on tower 0's device, with its replica: the test set goes up once, on first use.
+template <>
+struct test_evaluator<exec::cuda> {
+  const mlp& model;
+  const labelled_images& test;
+  std::unique_ptr<gpu_mlp_evaluator> gpu;
+  test_evaluator(const mlp& m, const labelled_images& t) : model(m), test(t) {}
+
+  template <class Pipeline>
+  double operator()(Pipeline& p) {
+    auto& towers = p.execution_space();
+    if (!gpu)
+      gpu = std::make_unique<gpu_mlp_evaluator>(model.layers(), test.images.data(), test.labels.data(), test.examples(),
+                                                towers.device(0));
+    const std::size_t correct = gpu->count_correct([&](std::size_t i) -> const float* { return towers.replica(0).data(i); });
+    return 100.0 * static_cast<double>(correct) / static_cast<double>(test.examples());
+  }
+};
+
 int visible_gpus() { return towerpipe::detail::cuda_device_count(); }
 
 template <class Optim, class Layout>

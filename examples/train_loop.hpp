@@ -64,15 +64,23 @@ std::uint64_t parameter_checksum(const Pipeline& p) {
   return hash;
 }
 
-template <class Pipeline>
-double test_accuracy(const Pipeline& p, const mlp& model, const labelled_images& test) {
-  towerpipe::batch all;
-  all.add("image", test.images.data(), test.examples(), {test.features});
-  all.add("label", test.labels.data(), test.examples(), {});
-  const std::size_t correct = model.count_correct(all.input<float>("image"), all.input<std::int32_t>("label"),
-                                                  [&](std::size_t i) { return p.parameter(i).data(); });
-  return 100.0 * static_cast<double>(correct) / static_cast<double>(test.examples());
-}
+// Test accuracy, in percent: host towers evaluate on the CPU through mlp.hpp; GPU towers on tower 0's
+// device with its replica (train_gpu.cu specialises this).
+template <class Exec>
+struct test_evaluator {
+  const mlp& model;
+  const labelled_images& test;
+  test_evaluator(const mlp& m, const labelled_images& t) : model(m), test(t) {}
+  template <class Pipeline>
+  double operator()(Pipeline& p) const {
+    towerpipe::batch all;
+    all.add("image", test.images.data(), test.examples(), {test.features});
+    all.add("label", test.labels.data(), test.examples(), {});
+    const std::size_t correct = model.count_correct(all.input<float>("image"), all.input<std::int32_t>("label"),
+                                                    [&](std::size_t i) { return p.parameter(i).data(); });
+    return 100.0 * static_cast<double>(correct) / static_cast<double>(test.examples());
+  }
+};
 
 // Output files and directories are checked before any training: the directory is created and the file
 // opened for writing (it stays empty until the program writes it), so a bad path costs no training.
@@ -199,7 +207,8 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
   tower_program<Exec> program(model, o);
   const auto tower_step = [&](typename trainer::tower_context& tower) { return program(tower); };
 
-  double accuracy = first_epoch > 0 ? test_accuracy(p, model, data.test) : 0.0;
+  test_evaluator<Exec> test_accuracy(model, data.test);
+  double accuracy = first_epoch > 0 ? test_accuracy(p) : 0.0;
   double total_seconds = 0;
   std::size_t total_examples = 0, total_steps = 0;
   const long long all_steps = static_cast<long long>(o.epochs * batches_per_epoch);
@@ -245,7 +254,7 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
       }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    accuracy = test_accuracy(p, model, data.test);
+    accuracy = test_accuracy(p);
     total_seconds += seconds;
     total_examples += batches_per_epoch * o.batch_size;
     std::sort(epoch_times.seconds.begin(), epoch_times.seconds.end());
