@@ -249,7 +249,7 @@ class pipeline {
     const auto reduce_start = clock::now();
     const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
     stats.step = steps_done_ + 1;
-    if (checked()) {
+    if (checked(options_)) {
       average_screen_and_apply(weights, constants, stats);
     } else {
       reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
@@ -278,9 +278,10 @@ class pipeline {
  private:
   using clock = std::chrono::steady_clock;
 
-  bool checked() const {
-    return mixed_precision || options_.on_nonfinite != nonfinite_policy::unchecked || options_.max_grad_norm > 0 ||
-           options_.loss_scale.mode != loss_scale_mode::off || options_.accumulation_steps > 1;
+  // Whether steps take the checked passes (reduce/screen.hpp) rather than the single fused one.
+  static bool checked(const pipeline_options& options) {
+    return mixed_precision || options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
+           options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;
   }
 
 
@@ -388,8 +389,7 @@ class pipeline {
     if (options.accumulation_steps == 0) detail::fail("pipeline_options::accumulation_steps must be >= 1");
     if (!(options.max_grad_norm >= 0) || std::isinf(options.max_grad_norm))
       detail::fail("pipeline_options::max_grad_norm must be finite and >= 0 (0: no clipping); ", options.max_grad_norm, " given");
-    const bool checks = mixed_precision || options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
-                        options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;
+    const bool checks = checked(options);
     if (checks && towers >= detail::nonfinite_sum_tower)
       detail::fail("a checked pipeline takes at most ", detail::nonfinite_sum_tower - 1, " towers, ", towers,
                    " requested (pipeline_options::on_nonfinite = unchecked lifts the limit)");

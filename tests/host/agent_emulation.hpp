@@ -1,8 +1,10 @@
 #pragma once
 // Runs a multi-tensor agent (reduce/agents.hpp) over a chunk table on the calling thread, as `threads`
 // emulated threads each taking its share of every chunk in groups of W: the host form of the kernel
-// launch (cuda/multi_tensor_kernel.cuh), for tests.
+// launch (cuda/multi_tensor_kernel.cuh), for tests; and a screen tile (reduce/screen.hpp) as a warp of
+// the screen kernel computes it (cuda/screen_kernel.cuh).
 #include <towerpipe/reduce/agents.hpp>
+#include <towerpipe/reduce/screen.hpp>
 
 #include <vector>
 
@@ -14,6 +16,22 @@ void run_agent_on_host(const Agent& agent, const std::vector<towerpipe::detail::
   for (const towerpipe::detail::tensor_chunk& chunk : chunks) {
     for (unsigned thread = 0; thread < threads; ++thread) towerpipe::detail::process_chunk<W>(agent, chunk, thread, threads);
   }
+}
+
+// A screen tile: the kernel's 32 lanes one after another, then the tree the kernel takes with shuffles.
+template <class Source, class T>
+towerpipe::detail::screen_lane_result screen_tile_as_a_warp(const Source& source,
+                                                            const towerpipe::detail::pointer_table<T>& averaged,
+                                                            const towerpipe::detail::tensor_chunk& tile) {
+  using namespace towerpipe::detail;
+  double sums[screen_lanes];
+  nonfinite_key first = no_nonfinite;
+  for (unsigned lane = 0; lane < screen_lanes; ++lane) {
+    const screen_lane_result r = screen_lane(source, averaged, tile, lane);
+    sums[lane] = r.sum_of_squares;
+    if (r.first_nonfinite < first) first = r.first_nonfinite;
+  }
+  return {pairwise_lane_sum(sums), first};
 }
 
 }  // namespace towerpipe_tests

@@ -298,7 +298,7 @@ screen_partials emulated_checked_step(backend kind, emulated_devices<Optim, Layo
   screen_partials partials;
   const auto screen_tiles = [&](const auto& source) {
     for (const tensor_chunk& tile : make_chunk_table(variables, screen_tile_elements)) {
-      const screen_lane_result r = host_screen_tile(source, averaged, tile);
+      const screen_lane_result r = towerpipe_tests::screen_tile_as_a_warp(source, averaged, tile);
       partials.tile_sums.push_back(r.sum_of_squares);
       partials.first_nonfinite = std::min(partials.first_nonfinite, r.first_nonfinite);
     }

@@ -17,7 +17,8 @@
 // s_j += s_(j+2) for j divisible by 4, ..., s_0 += s_16); the tiles' sums are added one after another,
 // variable by variable. Squares of floats are exact in double and the order does not depend on the
 // backend, the layout or the launch policy, so the norm is bitwise equal everywhere. On the device a warp
-// is the 32 lanes (cuda/screen_kernel.cuh); the host runs the same lane program (host_screen below).
+// is the 32 lanes (cuda/screen_kernel.cuh); the host computes the same values block by block
+// (reduce/host.hpp).
 // Plain C++; TOWERPIPE_HOST_DEVICE marks what kernels call.
 
 #include <cstddef>
@@ -219,19 +220,6 @@ struct screen_partials {
     return total;
   }
 };
-
-// A tile on the host: the 32 lanes one after another, then the tree.
-template <class Source, class T>
-screen_lane_result host_screen_tile(const Source& source, const pointer_table<T>& averaged, const tensor_chunk& tile) {
-  double sums[screen_lanes];
-  nonfinite_key first = no_nonfinite;
-  for (unsigned lane = 0; lane < screen_lanes; ++lane) {
-    const screen_lane_result r = screen_lane(source, averaged, tile, lane);
-    sums[lane] = r.sum_of_squares;
-    if (r.first_nonfinite < first) first = r.first_nonfinite;
-  }
-  return {pairwise_lane_sum(sums), first};
-}
 
 }  // namespace detail
 }  // namespace towerpipe
