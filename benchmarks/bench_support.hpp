@@ -66,7 +66,7 @@ inline double triad_bandwidth(std::size_t n, std::size_t threads, int repetition
 // Bytes one average+apply+broadcast moves per parameter: N gradients read, the parameters and each
 // optimizer slot read and written, and `replicas_written` further copies of the parameters written
 // (N - 1 for the device backends, whose master is replica 0; 0 for host towers sharing one copy).
-// For Adam with N - 1 replicas this is DESIGN.md §6's 4N + 24 + 4(N - 1).
+// For Adam with N - 1 replicas this is 4N + 24 + 4(N - 1).
 inline double bytes_per_parameter(std::size_t towers, int state_slots, std::size_t replicas_written) {
   return 4.0 * static_cast<double>(towers) + 8.0 + 8.0 * state_slots + 4.0 * static_cast<double>(replicas_written);
 }

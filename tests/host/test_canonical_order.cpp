@@ -1,4 +1,4 @@
-// The canonical summation order (DESIGN.md §2, invariant 2): the tree sum written here from its
+// The canonical summation order (README.md, invariant 2): the tree sum written here from its
 // definition must equal what the library computes, bitwise, directly and through whole pipelines.
 #include <towerpipe/towerpipe.hpp>
 

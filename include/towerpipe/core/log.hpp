@@ -1,6 +1,6 @@
 #pragma once
 // Where the library's rare warnings go (say, "no peer access between devices 0 and 1: staged copies").
-// Nothing is printed by default (DESIGN.md §2, invariant 5): install a sink to see them, e.g.
+// Nothing is printed by default (README.md, invariant 5): install a sink to see them, e.g.
 //   towerpipe::set_log_sink([](const std::string& line) { std::cerr << line << '\n'; });
 
 #include <functional>

@@ -1,7 +1,7 @@
 #pragma once
 // Arithmetic with one rounding per operation, identical on host and device, for float and double.
 //
-// Bitwise-equal results across backends (DESIGN.md §2, invariant 2) need every add and multiply to be
+// Bitwise-equal results across backends (README.md, invariant 2) need every add and multiply to be
 // rounded separately: no fused multiply-add. On the device the __f*_rn / __d*_rn intrinsics are never
 // contracted; on the host these functions live in an exact-arithmetic region (core/exact_arithmetic.hpp)
 // that keeps the compiler from fusing them, whatever the user's flags.
