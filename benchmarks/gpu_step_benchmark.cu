@@ -2,9 +2,10 @@
 // reduce::host — x layout x optimizer x towers, over the ResNet-50 and BERT-base variable lists and a
 // flat sweep, against floors measured in the same run:
 //   device backends: bytes / device copy bandwidth (a large cudaMemcpy, bytes read + written), with
-//     P * (4N + 8 + 8 * state slots + 4(N - 1)) bytes (Adam: DESIGN.md §6's 4N + 24 + 4(N - 1));
-//   reduce::host: max(PCIe floor: 4N*P bytes each way over pinned copies, CPU floor: the host pass's
-//     bytes over a triad on the host threads).
+//     P * (4N + 8 + 8 * state slots + 4(N - 1)) bytes (Adam: 4N + 24 + 4(N - 1));
+//   reduce::host: max(PCIe down: 4N*P bytes over pinned copies, PCIe up: 4D*P bytes for D devices
+//     (towers sharing a device share an upload), CPU floor: the host pass's bytes over a triad on the
+//     host threads); the two directions overlap.
 // Each figure is a median over repetitions after warm-up. Device backends: CUDA event time of the whole
 // reduction as the backend reports it (stage_seconds reduce + broadcast: from the gradients being ready
 // to the last replica written, kernel launches included), which is how the PyTorch anchors time their
@@ -97,6 +98,7 @@ double pinned_bandwidth(std::size_t bytes, cudaMemcpyKind kind) {
 struct floors {
   double device_copy, d2h, h2d, triad;
   std::size_t l2_bytes;
+  int devices;  // visible: towers share them round-robin
 };
 
 // checked: the two passes of a checked step (reduce/screen.hpp: screen, then apply) instead of the
@@ -152,10 +154,12 @@ void measure(const std::string& model, const variable_set& variables, std::size_
     seconds.push_back(host_backend ? wall : stages.reduce + stages.broadcast);
   }
   double floor_seconds = device_bytes / f.device_copy;
+  const double devices_used = static_cast<double>(std::min<std::size_t>(towers, static_cast<std::size_t>(f.devices)));
   if (host_backend) {
-    const double pcie = 4.0 * static_cast<double>(towers) * parameters / std::min(f.d2h, f.h2d);
+    const double down = 4.0 * static_cast<double>(towers) * parameters / f.d2h;
+    const double up = 4.0 * devices_used * parameters / f.h2d;
     const double cpu = parameters * towerpipe_bench::bytes_per_parameter(towers, slots, 0) / f.triad;
-    floor_seconds = std::max(pcie, cpu);
+    floor_seconds = std::max({down, up, cpu});
   }
   const double ms = median(seconds) * 1e3, floor_ms = floor_seconds * 1e3, wall_ms = median(wall_seconds) * 1e3;
   const std::string backend = std::string(Reduce::name) + (mixed ? " bf16" : checked ? " checked" : "");
@@ -163,7 +167,8 @@ void measure(const std::string& model, const variable_set& variables, std::size_
               Layout::name, towers, parameters, ms, wall_ms, floor_ms, ms / floor_ms);
   std::fflush(stdout);
   out.rows.push_back(json_rows::measurement(backend, "cuda", model, Optim::name, Layout::name, towers, variables,
-                                            host_backend ? 8.0 * static_cast<double>(towers) * parameters : device_bytes,
+                                            host_backend ? 4.0 * (static_cast<double>(towers) + devices_used) * parameters
+                                                         : device_bytes,
                                             ms, floor_ms)
                          .set("instances_rotated", static_cast<double>(instances))
                          .set("timing", host_backend ? "host wall" : "cuda events")
@@ -203,7 +208,7 @@ int main(int argc, char** argv) try {
   const std::size_t threads = std::thread::hardware_concurrency();
   floors f{device_copy_bandwidth(std::size_t(1) << 30), pinned_bandwidth(std::size_t(1) << 28, cudaMemcpyDeviceToHost),
            pinned_bandwidth(std::size_t(1) << 28, cudaMemcpyHostToDevice), towerpipe_bench::triad_bandwidth(std::size_t(1) << 27, threads, 5),
-           static_cast<std::size_t>(properties.l2CacheSize)};
+           static_cast<std::size_t>(properties.l2CacheSize), detail::cuda_device_count()};
   std::printf("%s: copy %.2f TB/s, pinned D2H %.1f GB/s, H2D %.1f GB/s, CPU triad %.1f GB/s (%zu threads)\n",
               properties.name, f.device_copy / 1e12, f.d2h / 1e9, f.h2d / 1e9, f.triad / 1e9, threads);
   std::printf("%-10s %-9s %-6s %-12s %2s %11s %9s %9s %9s %8s\n", "variables", "backend", "optim", "layout", "N",

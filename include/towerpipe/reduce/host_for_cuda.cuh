@@ -6,6 +6,15 @@
 // group_elements, so that group g+1 comes down while the CPU works on g and g-1 goes up: the PCIe
 // transfers in both directions and the CPU overlap. A checked step (reduce/screen.hpp) screens each
 // group as it arrives, then applies and uploads group by group.
+//
+// What keeps the transfers at the link's speed as towers are added:
+// - Downloads are issued group-major (group 0 of every tower, then group 1, ...): a copy engine serves
+//   the streams of one device roughly in issue order, and tower-major issue would hold the CPU's first
+//   group until nearly every tower's whole gradient had come down.
+// - Towers that share a device share one upload: the new parameters go up once per device, into its
+//   first tower's replica, and are copied on the device (HBM, ~50x PCIe) into the others.
+// - layout::per_variable's groups span many separate allocations: they move in one
+//   cudaMemcpyBatchAsync per group and direction, not one call per variable.
 
 #include <cuda_runtime.h>
 
@@ -45,8 +54,12 @@ class cuda_host_reducer {
 
   cuda_host_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
       : pass_(variables, h), master_(variables), groups_(group_chunks(pass_.chunks(), Policy::group_elements)) {
-    for (std::size_t t = 0; t < towers.towers(); ++t)
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
       links_.push_back(std::make_unique<link>(variables, towers.device(t), groups_.size()));
+      std::size_t leader = 0;
+      while (towers.device(leader) != towers.device(t)) ++leader;
+      upload_leader_.push_back(leader);
+    }
   }
 
   std::size_t state_slots() const { return pass_.state_slots(); }
@@ -106,14 +119,17 @@ class cuda_host_reducer {
  private:
   using buffer = typename Layout::template buffer<host_memory>;
 
-  // Every tower's gradients into its pinned buffer, group by group on its down stream.
+  // Every tower's gradients into its pinned buffer on its down stream, issued group-major.
   void download_gradients(cuda_towers<Layout>& towers) {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      link& own = *links_[t];
       device_guard on(towers.device(t));
-      towers.gradients_ready(t).make_wait(own.down);
-      for (std::size_t g = 0; g < groups_.size(); ++g) {
-        copy_group(own.gradients, towers.gradients(t), g, cudaMemcpyDeviceToHost, own.down);
+      towers.gradients_ready(t).make_wait(links_[t]->down);
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      for (std::size_t t = 0; t < towers.towers(); ++t) {
+        link& own = *links_[t];
+        device_guard on(towers.device(t));
+        copy_group(own.gradients, towers.gradients(t), g, own.down);
         own.down_done[g].record(own.down);
       }
     }
@@ -126,10 +142,14 @@ class cuda_host_reducer {
   void wait_for_group(std::size_t g) const {
     for (const auto& own : links_) own->down_done[g].synchronize();
   }
+  // Group g of the master up into each device's first replica, then on the device into its other ones,
+  // all on the first tower's up stream.
   void upload_group(cuda_towers<Layout>& towers, std::size_t g) {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
+      const std::size_t leader = upload_leader_[t];
       device_guard on(towers.device(t));
-      copy_group(towers.replica(t), master_, g, cudaMemcpyHostToDevice, links_[t]->up);
+      if (leader == t) copy_group(towers.replica(t), master_, g, links_[t]->up);
+      else copy_group(towers.replica(t), towers.replica(leader), g, links_[leader]->up);
     }
   }
   // After the last upload was issued: the towers' next work waits for their parameters, the host for
@@ -137,12 +157,14 @@ class cuda_host_reducer {
   void finish_uploads(cuda_towers<Layout>& towers, std::chrono::steady_clock::time_point start, stage_seconds& stages) {
     const auto computed = std::chrono::steady_clock::now();
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      link& own = *links_[t];
+      link& leader = *links_[upload_leader_[t]];
       device_guard on(towers.device(t));
-      own.up_done.record(own.up);
-      own.up_done.make_wait(towers.stream(t));
+      if (upload_leader_[t] == t) leader.up_done.record(leader.up);
+      leader.up_done.make_wait(towers.stream(t));
     }
-    for (const auto& own : links_) own->up_done.synchronize();
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      if (upload_leader_[t] == t) links_[t]->up_done.synchronize();
+    }
     const auto end = std::chrono::steady_clock::now();
     stages.reduce = std::chrono::duration<double>(computed - start).count();
     stages.broadcast = std::chrono::duration<double>(end - computed).count();
@@ -160,20 +182,31 @@ class cuda_host_reducer {
     cuda_event up_done;
   };
 
-  // Copies group g's elements of every variable it touches; in layout::flat they are one range.
+  // Copies group g's elements of every variable it touches (either direction, or device to device):
+  // in layout::flat one range, otherwise one batch of ranges.
   template <class Target, class Source>
-  void copy_group(Target& target, const Source& source, std::size_t g, cudaMemcpyKind kind,
-                  const cuda_stream& stream) const {
+  void copy_group(Target& target, const Source& source, std::size_t g, const cuda_stream& stream) const {
     const std::vector<element_range> ranges = group_ranges(pass_.chunks(), groups_[g]);
     if constexpr (has_arena<Target>::value) {
       const T* begin = source.data(ranges.front().variable) + ranges.front().begin;
       const T* end = source.data(ranges.back().variable) + ranges.back().end;
       T* to = target.data(ranges.front().variable) + ranges.front().begin;
-      TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(to, begin, static_cast<std::size_t>(end - begin) * sizeof(T), kind, stream.get()));
+      TOWERPIPE_CUDA_CHECK(
+          cudaMemcpyAsync(to, begin, static_cast<std::size_t>(end - begin) * sizeof(T), cudaMemcpyDefault, stream.get()));
     } else {
-      for (const element_range& r : ranges)
-        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(target.data(r.variable) + r.begin, source.data(r.variable) + r.begin,
-                                             (r.end - r.begin) * sizeof(T), kind, stream.get()));
+      std::vector<void*> to;
+      std::vector<const void*> from;
+      std::vector<std::size_t> bytes;
+      for (const element_range& r : ranges) {
+        to.push_back(target.data(r.variable) + r.begin);
+        from.push_back(source.data(r.variable) + r.begin);
+        bytes.push_back((r.end - r.begin) * sizeof(T));
+      }
+      cudaMemcpyAttributes in_stream_order{};
+      in_stream_order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      std::size_t first_copy = 0;
+      TOWERPIPE_CUDA_CHECK(cudaMemcpyBatchAsync(to.data(), from.data(), bytes.data(), to.size(), &in_stream_order,
+                                                &first_copy, 1, stream.get()));
     }
   }
 
@@ -181,6 +214,7 @@ class cuda_host_reducer {
   pinned_buffer master_;
   std::vector<chunk_group> groups_;
   std::vector<std::unique_ptr<link>> links_;
+  std::vector<std::size_t> upload_leader_;  // per tower: the first tower on its device, which uploads for it
 };
 
 }  // namespace detail
