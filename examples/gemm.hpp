@@ -1,7 +1,10 @@
 #pragma once
-// Row-major single-precision GEMM for the examples: C = alpha * op(A) * op(B) + beta * C, with
-// op(X) = X or its transpose. Uses the CBLAS of a real BLAS (OpenBLAS) where the build found one
-// (TOWERPIPE_EXAMPLES_CBLAS), else a plain loop that is correct but slow.
+// Row-major GEMM for the examples: C = alpha * op(A) * op(B) + beta * C, with op(X) = X or its
+// transpose. Single precision goes through the CBLAS of a real BLAS (OpenBLAS) where the build found one
+// (TOWERPIPE_EXAMPLES_CBLAS); other types (the tests' double) and builds without a BLAS use a plain loop
+// that is correct but slow.
+
+#include <type_traits>
 
 #if defined(TOWERPIPE_EXAMPLES_CBLAS)
 #include <cblas.h>
@@ -17,20 +20,23 @@ inline void use_single_threaded_gemm() {
 #endif
 }
 
-inline void gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a, int lda,
-                 const float* b, int ldb, float beta, float* c, int ldc) {
+template <class Real>
+void gemm(bool transpose_a, bool transpose_b, int m, int n, int k, Real alpha, const Real* a, int lda, const Real* b,
+          int ldb, Real beta, Real* c, int ldc) {
 #if defined(TOWERPIPE_EXAMPLES_CBLAS)
-  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n, k,
-              alpha, a, lda, b, ldb, beta, c, ldc);
-#else
+  if constexpr (std::is_same_v<Real, float>) {
+    cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n,
+                k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#endif
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) c[i * ldc + j] *= beta;
     for (int p = 0; p < k; ++p) {
-      const float scale = alpha * (transpose_a ? a[p * lda + i] : a[i * lda + p]);
+      const Real scale = alpha * (transpose_a ? a[p * lda + i] : a[i * lda + p]);
       for (int j = 0; j < n; ++j) c[i * ldc + j] += scale * (transpose_b ? b[j * ldb + p] : b[p * ldb + j]);
     }
   }
-#endif
 }
 
 }  // namespace towerpipe_examples

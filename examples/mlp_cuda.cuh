@@ -73,20 +73,24 @@ __global__ void count_argmax_hits(const float* logits, const std::int32_t* label
   if (best == labels[e]) atomicAdd(correct, 1u);
 }
 
-// out[o] = (sum over rows e of values[e * columns + o]) / divisor, one block per column: each thread sums
-// a strided share and cub::BlockReduce combines the threads' sums in a fixed order (the same bits every
-// run). Gives the bias gradients (divisor 1) and the shard's mean loss (one column).
+// out[c] = (sum over examples n and pixels p of values[(n * channels + c) * pixels + p]) / divisor, one
+// block per channel: each thread sums a strided share and cub::BlockReduce combines the threads' sums in
+// a fixed order (the same bits every run). With pixels = 1, the sums of a row-major matrix's columns:
+// the bias gradients of a dense layer (divisor 1) and the shard's mean loss (one column); with the
+// pixels of an NCHW map, a convolution's bias gradients.
 template <int Threads>
-__global__ void __launch_bounds__(Threads) column_sums(float* out, const float* values, int rows, int columns, float divisor) {
+__global__ void __launch_bounds__(Threads)
+    channel_sums(float* out, const float* values, int examples, int channels, int pixels, float divisor) {
   using block_reduce = cub::BlockReduce<float, Threads>;
   __shared__ typename block_reduce::TempStorage scratch;
-  const int column = static_cast<int>(blockIdx.x);
+  const int channel = static_cast<int>(blockIdx.x);
   float partial = 0.0f;
-  for (int e = static_cast<int>(threadIdx.x); e < rows; e += Threads) partial += values[e * columns + column];
+  for (int i = static_cast<int>(threadIdx.x); i < examples * pixels; i += Threads)
+    partial += values[((i / pixels) * channels + channel) * pixels + i % pixels];
   const float total = block_reduce(scratch).Sum(partial);
-  if (threadIdx.x == 0) out[column] = total / divisor;
+  if (threadIdx.x == 0) out[channel] = total / divisor;
 }
-constexpr int column_sum_threads = 128;
+constexpr int channel_sum_threads = 128;
 
 inline unsigned blocks(int count) { return static_cast<unsigned>((count + 255) / 256); }
 
@@ -114,6 +118,32 @@ void forward_pass(cublasHandle_t handle, cudaStream_t stream, const std::vector<
     kernels::broadcast_bias<<<kernels::blocks(batch * out), 256, 0, stream>>>(output, parameter(2 * k + 1), batch, out);
     gemm_rowmajor(handle, false, true, batch, out, in, 1.0f, from, in, parameter(2 * k), in, 1.0f, output, out);
     if (k + 1 < layer_count) kernels::relu<<<kernels::blocks(batch * out), 256, 0, stream>>>(output, batch * out);
+  }
+}
+
+// The backward pass of forward_pass's layers from delta (the logits' gradient of the mean loss, which
+// it overwrites): gradient(i) for every variable, and, where input_gradient is given, the gradient with
+// respect to the input. spare_a and spare_b: scratch of batch x the widest layer each.
+template <class Parameter, class Gradient>
+void dense_backward_pass(cublasHandle_t handle, cudaStream_t stream, const std::vector<std::size_t>& layers,
+                         const float* input, int batch, Parameter&& parameter, Gradient&& gradient,
+                         const std::vector<towerpipe::cuda_device_memory::owner<float>>& activations, float* delta,
+                         float* spare_a, float* spare_b, float* input_gradient) {
+  for (std::size_t k = layers.size() - 1; k-- > 0;) {
+    const int in = static_cast<int>(layers[k]), out = static_cast<int>(layers[k + 1]);
+    const float* from = k == 0 ? input : activations[k].get();
+    gemm_rowmajor(handle, true, false, out, in, batch, 1.0f, delta, out, from, in, 0.0f, gradient(2 * k), in);
+    kernels::channel_sums<kernels::channel_sum_threads>
+        <<<out, kernels::channel_sum_threads, 0, stream>>>(gradient(2 * k + 1), delta, batch, out, 1, 1.0f);
+    if (k == 0) {
+      if (input_gradient != nullptr)
+        gemm_rowmajor(handle, false, false, batch, in, out, 1.0f, delta, out, parameter(0), in, 0.0f, input_gradient, in);
+      break;
+    }
+    float* next = delta == spare_a ? spare_b : spare_a;
+    gemm_rowmajor(handle, false, false, batch, in, out, 1.0f, delta, out, parameter(2 * k), in, 0.0f, next, in);
+    kernels::relu_backward<<<kernels::blocks(batch * in), 256, 0, stream>>>(next, activations[k].get(), batch * in);
+    delta = next;
   }
 }
 
@@ -145,28 +175,25 @@ class gpu_mlp_workspace {
     if (static_cast<std::size_t>(batch) > max_examples_) throw std::runtime_error("shard larger than the workspace");
     TOWERPIPE_EXAMPLES_CUBLAS(cublasSetStream(handle_, tower.stream()));
     cudaStream_t stream = tower.stream();
-    const std::size_t layer_count = layers_.size() - 1;
     forward_pass(handle_, stream, layers_, images.data(), batch, [&](std::size_t i) { return tower.parameter(i).data(); },
                  activations_);
     const int classes = static_cast<int>(layers_.back());
     float* delta = activations_.back().get();  // the logits become their gradient in place
     kernels::softmax_cross_entropy<<<kernels::blocks(batch), 256, 0, stream>>>(delta, labels.data(), losses_.get(), batch,
                                                                                classes);
-    kernels::column_sums<kernels::column_sum_threads>
-        <<<1, kernels::column_sum_threads, 0, stream>>>(tower.device_loss(), losses_.get(), batch, 1, static_cast<float>(batch));
-    // Backward.
-    for (std::size_t k = layer_count; k-- > 0;) {
-      const int in = static_cast<int>(layers_[k]), out = static_cast<int>(layers_[k + 1]);
-      const float* input = k == 0 ? images.data() : activations_[k].get();
-      gemm_rowmajor(handle_, true, false, out, in, batch, 1.0f, delta, out, input, in, 0.0f, tower.gradient(2 * k).data(), in);
-      kernels::column_sums<kernels::column_sum_threads>
-          <<<out, kernels::column_sum_threads, 0, stream>>>(tower.gradient(2 * k + 1).data(), delta, batch, out, 1.0f);
-      if (k == 0) break;
-      float* next = delta == previous_.get() ? delta_.get() : previous_.get();
-      gemm_rowmajor(handle_, false, false, batch, in, out, 1.0f, delta, out, tower.parameter(2 * k).data(), in, 0.0f, next, in);
-      kernels::relu_backward<<<kernels::blocks(batch * in), 256, 0, stream>>>(next, activations_[k].get(), batch * in);
-      delta = next;
-    }
+    kernels::channel_sums<kernels::channel_sum_threads>
+        <<<1, kernels::channel_sum_threads, 0, stream>>>(tower.device_loss(), losses_.get(), batch, 1, 1, static_cast<float>(batch));
+    dense_backward_pass(handle_, stream, layers_, images.data(), batch, [&](std::size_t i) { return tower.parameter(i).data(); },
+                        [&](std::size_t i) { return tower.gradient(i).data(); }, activations_, delta, previous_.get(),
+                        delta_.get(), nullptr);
+  }
+
+  // The logits of `batch` (<= max_examples) examples at `input`, on `stream` (for gpu_evaluator).
+  template <class Parameter>
+  const float* logits(cudaStream_t stream, const float* input, int batch, Parameter&& parameter) {
+    TOWERPIPE_EXAMPLES_CUBLAS(cublasSetStream(handle_, stream));
+    forward_pass(handle_, stream, layers_, input, batch, parameter, activations_);
+    return activations_.back().get();
   }
 
  private:
@@ -178,44 +205,41 @@ class gpu_mlp_workspace {
   std::size_t max_examples_ = 0;
 };
 
-// Test accuracy on the GPU: the test set uploaded once, then the forward pass of training over chunks
-// of it with parameters already on the device, and a count of the argmax hits.
-class gpu_mlp_evaluator {
+// Test accuracy on the GPU: the test set uploaded once, then a network's forward pass (a workspace of
+// this file's or cnn_cudnn.cuh's, made for chunks of the test set) over chunks of it with parameters
+// already on the device, and a count of the argmax hits.
+template <class Network>
+class gpu_evaluator {
  public:
-  gpu_mlp_evaluator(const std::vector<std::size_t>& layers, const float* images, const std::int32_t* labels,
-                    std::size_t examples, int device)
-      : layers_(layers),
-        device_(device),
+  // make_network(max_examples, device) builds the network's workspace for chunks of chunk_examples.
+  template <class MakeNetwork>
+  gpu_evaluator(const float* images, std::size_t features, const std::int32_t* labels, std::size_t examples, int classes,
+                int device, std::size_t chunk_examples, MakeNetwork&& make_network)
+      : device_(device),
         examples_(examples),
-        chunk_(std::min<std::size_t>(examples, 4096)),
-        images_(towerpipe::cuda_device_memory{device}.allocate<float>(examples * layers[0], 256)),
+        features_(features),
+        classes_(classes),
+        chunk_(std::min(examples, chunk_examples)),
+        images_(towerpipe::cuda_device_memory{device}.allocate<float>(examples * features, 256)),
         labels_(towerpipe::cuda_device_memory{device}.allocate<std::int32_t>(examples, 256)),
         correct_(towerpipe::cuda_device_memory{device}.allocate<unsigned>(1, 256)),
         stream_(device) {
     towerpipe::detail::device_guard on(device);
-    TOWERPIPE_EXAMPLES_CUBLAS(cublasCreate(&handle_));
-    towerpipe::detail::copy_to_device_now(images_.get(), images, examples * layers[0] * sizeof(float));
+    towerpipe::detail::copy_to_device_now(images_.get(), images, examples * features * sizeof(float));
     towerpipe::detail::copy_to_device_now(labels_.get(), labels, examples * sizeof(std::int32_t));
-    activations_.emplace_back(nullptr, towerpipe::cuda_device_memory::free_on_device{device});  // the images
-    for (std::size_t k = 1; k < layers.size(); ++k)
-      activations_.push_back(towerpipe::cuda_device_memory{device}.allocate<float>(chunk_ * layers[k], 256));
+    network_ = make_network(chunk_, device);
   }
-  ~gpu_mlp_evaluator() { cublasDestroy(handle_); }
-  gpu_mlp_evaluator(const gpu_mlp_evaluator&) = delete;
-  gpu_mlp_evaluator& operator=(const gpu_mlp_evaluator&) = delete;
 
   // parameter(i): variable i on this evaluator's device, final (no step in flight).
   template <class Parameter>
   std::size_t count_correct(Parameter&& parameter) {
     towerpipe::detail::device_guard on(device_);
-    TOWERPIPE_EXAMPLES_CUBLAS(cublasSetStream(handle_, stream_.get()));
     TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(correct_.get(), 0, sizeof(unsigned), stream_.get()));
-    const int classes = static_cast<int>(layers_.back());
     for (std::size_t first = 0; first < examples_; first += chunk_) {
       const int batch = static_cast<int>(std::min(chunk_, examples_ - first));
-      forward_pass(handle_, stream_.get(), layers_, images_.get() + first * layers_[0], batch, parameter, activations_);
-      kernels::count_argmax_hits<<<kernels::blocks(batch), 256, 0, stream_.get()>>>(
-          activations_.back().get(), labels_.get() + first, batch, classes, correct_.get());
+      const float* logits = network_->logits(stream_.get(), images_.get() + first * features_, batch, parameter);
+      kernels::count_argmax_hits<<<kernels::blocks(batch), 256, 0, stream_.get()>>>(logits, labels_.get() + first, batch,
+                                                                                    classes_, correct_.get());
     }
     unsigned correct = 0;
     TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(&correct, correct_.get(), sizeof correct, cudaMemcpyDeviceToHost, stream_.get()));
@@ -224,15 +248,15 @@ class gpu_mlp_evaluator {
   }
 
  private:
-  std::vector<std::size_t> layers_;
   int device_;
-  std::size_t examples_, chunk_;
+  std::size_t examples_, features_;
+  int classes_;
+  std::size_t chunk_;
   towerpipe::cuda_device_memory::owner<float> images_;
   towerpipe::cuda_device_memory::owner<std::int32_t> labels_;
   towerpipe::cuda_device_memory::owner<unsigned> correct_;
   towerpipe::detail::cuda_stream stream_;
-  cublasHandle_t handle_ = nullptr;
-  std::vector<towerpipe::cuda_device_memory::owner<float>> activations_;
+  std::unique_ptr<Network> network_;
 };
 
 }  // namespace towerpipe_examples

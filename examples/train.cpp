@@ -1,9 +1,9 @@
-// The main job: an MLP classifier (784-256-128-10, ReLU, softmax cross-entropy) trained on
-// Fashion-MNIST by N towers through a towerpipe pipeline — GPU towers (cuBLAS) where the program was
-// built with CUDA and a GPU is visible, host towers (OpenBLAS) otherwise — with the classic
-// multi-tower step log, per-epoch test accuracy and throughput, a Chrome-trace timeline and
-// checkpoint/resume. `train --help` lists the flags. Bad flags end with a one-line error and exit
-// status 2, bad files with one and exit status 1.
+// The main job: a classifier — an MLP (784-256-128-10) or the tutorial's CNN — trained on Fashion-MNIST
+// by N towers through a towerpipe pipeline — GPU towers (cuBLAS, cuDNN) where the program was built with
+// CUDA and a GPU is visible, host towers (OpenBLAS) otherwise — with the classic multi-tower step log,
+// per-epoch test accuracy and throughput, a Chrome-trace timeline, checkpoint/resume, and a comparison
+// of the reduction backends on the same training. `train --help` lists the flags. Bad flags end with a
+// one-line error and exit status 2, bad files with one and exit status 1.
 //
 // Host towers build with the C++ compiler alone; GPU towers (train_gpu.cu) where the CUDA toolkit is.
 
@@ -18,8 +18,10 @@ namespace {
 using namespace towerpipe_examples::training;
 using towerpipe_examples::image_dataset;
 
-const char* usage = R"(train — an MLP (784-256-128-10) on Fashion-MNIST across N towers
+const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
 
+  --model NAME          mlp (784-256-128-10) | cnn (the tutorial's: conv 5x5x64, pool, conv 5x5x64,
+                        pool, fc 384, fc 192, fc 10)                             [mlp]
   --towers N            towers                                                  [2]
   --devices LIST        GPU ids, tower i on LIST[i % size]          [all visible, round-robin]
   --cpu-towers          host towers even where a GPU is visible
@@ -38,6 +40,9 @@ const char* usage = R"(train — an MLP (784-256-128-10) on Fashion-MNIST across
   --resume              continue from DIR/towerpipe.ckpt (needs --checkpoint; none there: from step 0)
   --data DIR            Fashion-MNIST gzipped IDX files  [/usr/share/datasets/fashion-mnist]
   --generated N         train on N GENERATED examples (Gaussian clusters) instead of Fashion-MNIST
+  --compare-backends    train once per backend the towers allow (and per layout, unless --layout is
+                        given), same seed and steps, and print one table; exit 1 unless every run
+                        ends with the same parameters
   -h, --help            this text
 
 Flags take their value as the next argument or after '=': --towers 4, --towers=4. Output files and
@@ -58,8 +63,8 @@ std::size_t positive(const std::string& flag, const std::string& value) {
 
 options parse(int argc, char** argv) {
   options o;
-  const std::vector<std::string> switches{"--resume", "--cpu-towers"};
-  const std::vector<std::string> valued{"--towers", "--devices", "--backend", "--optimizer", "--layout", "--epochs",
+  const std::vector<std::string> switches{"--resume", "--cpu-towers", "--compare-backends"};
+  const std::vector<std::string> valued{"--model", "--towers", "--devices", "--backend", "--optimizer", "--layout", "--epochs",
                                         "--batch-size", "--log-every", "--generated", "--seed", "--timeline",
                                         "--metrics", "--checkpoint", "--data", "--lr"};
   const auto known = [](const std::vector<std::string>& flags, const std::string& flag) {
@@ -82,7 +87,7 @@ options parse(int argc, char** argv) {
     o.given.push_back(flag);
     if (known(switches, flag)) {
       if (inline_value) throw usage_error(flag + " takes no value");
-      (flag == "--resume" ? o.resume : o.cpu_towers) = true;
+      (flag == "--resume" ? o.resume : flag == "--cpu-towers" ? o.cpu_towers : o.compare_backends) = true;
       continue;
     }
     if (!inline_value) {
@@ -101,6 +106,7 @@ options parse(int argc, char** argv) {
         o.devices.push_back(std::stoi(id));
       }
     }
+    else if (flag == "--model") o.model = value;
     else if (flag == "--backend") o.backend = value;
     else if (flag == "--optimizer") o.optimizer = value;
     else if (flag == "--layout") o.layout = value;
@@ -134,7 +140,13 @@ options parse(int argc, char** argv) {
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   o.gpu_towers = !o.cpu_towers && visible_gpus() > 0;
 #endif
+  if (o.compare_backends) {
+    for (const char* flag : {"--backend", "--timeline", "--metrics", "--checkpoint"}) {
+      if (o.was_given(flag)) throw usage_error(std::string("--compare-backends runs several trainings: it takes no ") + flag);
+    }
+  }
   if (o.backend.empty()) o.backend = o.gpu_towers ? "device0" : "host";
+  one_of("--model", o.model, {"mlp", "cnn"});
   one_of("--backend", o.backend, {"host", "device0", "p2p_tree"});
   one_of("--optimizer", o.optimizer, {"sgd", "momentum", "adam", "adamw"});
   one_of("--layout", o.layout, {"flat", "per_variable"});
@@ -147,13 +159,17 @@ options parse(int argc, char** argv) {
   if (o.backend != "host" && !o.gpu_towers)
     throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
   if (!o.devices.empty() && !o.gpu_towers) throw usage_error(std::string("--devices needs GPU towers, and ") + why_no_gpu);
+#if !defined(TOWERPIPE_EXAMPLES_CUDNN)
+  if (o.model == "cnn" && o.gpu_towers)
+    throw usage_error("--model cnn on GPU towers needs cuDNN, which this build of the program lacks; add --cpu-towers");
+#endif
   if (o.resume && o.checkpoint_dir.empty()) throw usage_error("--resume needs --checkpoint DIR");
   if (o.lr < 0) o.lr = o.optimizer == "sgd" ? 0.1 : o.optimizer == "momentum" ? 0.05 : 1e-3;
   return o;
 }
 
 template <class Optim, class Layout>
-int with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+run_result with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   if (o.gpu_towers) return train_on_gpus<Optim, Layout>(o, data, h);
 #endif
@@ -161,12 +177,12 @@ int with_backend(const options& o, const image_dataset& data, const typename Opt
 }
 
 template <class Optim>
-int with_layout(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+run_result with_layout(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
   if (o.layout == "flat") return with_backend<Optim, layout::flat<float>>(o, data, h);
   return with_backend<Optim, layout::per_variable<float>>(o, data, h);
 }
 
-int dispatch(const options& o, const image_dataset& data) {
+run_result dispatch(const options& o, const image_dataset& data) {
   if (o.optimizer == "sgd" || o.optimizer == "momentum") {
     optim::sgd::hyper_parameters h;
     h.lr = o.lr;
@@ -183,6 +199,42 @@ int dispatch(const options& o, const image_dataset& data) {
   return with_layout<optim::adamw>(o, data, h);
 }
 
+// --compare-backends: the same training through every backend the towers allow, then one table. The
+// tutorial's finding — the CPU parameter server against GPU:0 — reproduced and measured.
+int compare_backends(const options& given, const image_dataset& data) {
+  const std::vector<std::string> backends =
+      given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree"} : std::vector<std::string>{"host"};
+  const std::vector<std::string> layouts =
+      given.was_given("--layout") ? std::vector<std::string>{given.layout} : std::vector<std::string>{"flat", "per_variable"};
+  std::vector<run_result> results;
+  for (const std::string& layout : layouts) {
+    for (const std::string& backend : backends) {
+      options o = given;
+      o.backend = backend;
+      o.layout = layout;
+      std::printf("== reduce::%s, layout::%s ==\n", backend.c_str(), layout.c_str());
+      std::fflush(stdout);
+      results.push_back(dispatch(o, data));
+    }
+  }
+  std::printf("\ncompare: %zu %s towers, %s, %s, %zu epochs of batch %zu, seed %llu\n", given.towers,
+              given.gpu_towers ? "GPU" : "host", given.model.c_str(), given.optimizer.c_str(), given.epochs,
+              given.batch_size, static_cast<unsigned long long>(given.seed));
+  std::printf("| backend | layout | examples/s | step median ms | step p99 ms | reduce share | test accuracy | parameters checksum |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---|\n");
+  bool equal = true;
+  for (const run_result& r : results) {
+    std::printf("| %s | %s | %.0f | %.3f | %.3f | %.1f%% | %.2f%% | %016llx |\n", r.backend.c_str(), r.layout.c_str(),
+                r.examples_per_second, r.median_ms, r.p99_ms, 100.0 * r.reduce_share, r.accuracy,
+                static_cast<unsigned long long>(r.checksum));
+    equal = equal && r.checksum == results.front().checksum;
+  }
+  std::printf("(step times without the first %zu steps; reduce share: average + apply + broadcast over the whole step)\n",
+              step_times::warmup);
+  std::printf(equal ? "checksums: all equal\n" : "checksums: DIFFER between backends\n");
+  return equal ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,7 +245,9 @@ int main(int argc, char** argv) {
                                    ? towerpipe_examples::generate_clusters(o.generated, std::max<std::size_t>(o.generated / 5, 100),
                                                                            784, 10, o.seed)
                                    : towerpipe_examples::load_fashion_mnist(o.data_dir);
-    return dispatch(o, data);
+    if (o.compare_backends) return compare_backends(o, data);
+    dispatch(o, data);
+    return 0;
   } catch (const usage_error& e) {
     std::fprintf(stderr, "train: %s\n", e.what());
     return 2;
@@ -202,4 +256,3 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
-

@@ -23,7 +23,7 @@
 #include <towerpipe/towerpipe.hpp>
 
 #include "datasets.hpp"
-#include "mlp.hpp"
+#include "classifier.hpp"
 
 namespace towerpipe_examples::training {
 
@@ -33,12 +33,12 @@ struct options {
   std::size_t towers = 2;
   std::vector<int> devices;
   bool cpu_towers = false, gpu_towers = false;
-  std::string backend, optimizer = "adam", layout = "flat";
+  std::string model = "mlp", backend, optimizer = "adam", layout = "flat";
   std::size_t epochs = 15, batch_size = 128, log_every = 100, generated = 0;
   double lr = -1;
   std::uint64_t seed = 1;
   std::string timeline_path, metrics_path, checkpoint_dir, data_dir = "/usr/share/datasets/fashion-mnist";
-  bool resume = false;
+  bool resume = false, compare_backends = false;
   std::vector<std::string> given;  // the flags on the command line, to tell defaults apart in messages
   bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
 };
@@ -47,11 +47,6 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, and the training
-// with GPU towers for one optimizer and layout (backend from o.backend).
-int visible_gpus();
-template <class Optim, class Layout>
-int train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h);
 
 // A fingerprint of every parameter's bits: two runs print the same value exactly when they end bitwise equal.
 template <class Pipeline>
@@ -64,13 +59,13 @@ std::uint64_t parameter_checksum(const Pipeline& p) {
   return hash;
 }
 
-// Test accuracy, in percent: host towers evaluate on the CPU through mlp.hpp; GPU towers on tower 0's
-// device with its replica (train_gpu.cu specialises this).
+// Test accuracy, in percent: host towers evaluate on the CPU through the model's own code; GPU towers on
+// tower 0's device with its replica (train_gpu.cu specialises this).
 template <class Exec>
 struct test_evaluator {
-  const mlp& model;
+  const classifier& model;
   const labelled_images& test;
-  test_evaluator(const mlp& m, const labelled_images& t) : model(m), test(t) {}
+  test_evaluator(const classifier& m, const labelled_images& t) : model(m), test(t) {}
   template <class Pipeline>
   double operator()(Pipeline& p) const {
     towerpipe::batch all;
@@ -107,14 +102,19 @@ struct step_times {
   static constexpr std::size_t warmup = 5;
   std::vector<double> seconds;
 
-  std::string summary() const {
-    if (seconds.size() <= warmup) return "too few steps past the warm-up to tell";
+  bool enough() const { return seconds.size() > warmup; }
+  // The q-quantile (nearest rank) of the kept steps, in milliseconds; needs enough().
+  double quantile_ms(double q) const {
     std::vector<double> kept(seconds.begin() + warmup, seconds.end());
     std::sort(kept.begin(), kept.end());
-    const auto at = [&](double q) { return kept[static_cast<std::size_t>(q * static_cast<double>(kept.size() - 1) + 0.5)] * 1e3; };
+    return kept[static_cast<std::size_t>(q * static_cast<double>(kept.size() - 1) + 0.5)] * 1e3;
+  }
+
+  std::string summary() const {
+    if (!enough()) return "too few steps past the warm-up to tell";
     char text[200];
     std::snprintf(text, sizeof text, "median %.2f ms, p95 %.2f, p99 %.2f, max %.2f (%zu steps; the first %zu left out as warm-up)",
-                  at(0.5), at(0.95), at(0.99), kept.back() * 1e3, kept.size(), warmup);
+                  quantile_ms(0.5), quantile_ms(0.95), quantile_ms(0.99), quantile_ms(1.0), seconds.size() - warmup, warmup);
     return text;
   }
 };
@@ -132,12 +132,27 @@ struct batch_buffers {
   std::vector<std::int32_t> labels[2];
 };
 
-// How one tower computes its gradients: host towers through mlp.hpp (OpenBLAS), GPU towers through
-// mlp_cuda.cuh (cuBLAS, one workspace per tower, made by the tower's thread on first use).
+// What one run of training ends with: the figures of --compare-backends' table.
+struct run_result {
+  std::string backend, layout;
+  double examples_per_second = 0, median_ms = 0, p99_ms = 0;
+  double reduce_share = 0;  // (reduce + broadcast) / the whole step, averaged over the run
+  double accuracy = 0;
+  std::uint64_t checksum = 0;
+};
+
+// GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, and the training
+// with GPU towers for one optimizer and layout (backend from o.backend).
+int visible_gpus();
+template <class Optim, class Layout>
+run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h);
+
+// How one tower computes its gradients: host towers through the model's own code (OpenBLAS), GPU towers
+// through mlp_cuda.cuh or cnn_cudnn.cuh (train_gpu.cu specialises this).
 template <class Exec>
 struct tower_program {
-  const mlp& model;
-  tower_program(const mlp& m, const options&) : model(m) {}
+  const classifier& model;
+  tower_program(const classifier& m, const options&) : model(m) {}
   template <class Context>
   double operator()(Context& tower) const {
     return model.loss_and_gradient(
@@ -147,9 +162,9 @@ struct tower_program {
 };
 
 template <class Exec, class Reduce, class Optim, class Layout>
-int train(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+run_result train(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
   using trainer = pipeline<Exec, Reduce, Optim, Layout>;
-  const mlp model({data.train.features, 256, 128, 10});
+  const classifier model(o.model, data.train.features);
   timeline trace;
   pipeline_options pipeline_opts;
   pipeline_opts.devices = o.devices;
@@ -283,8 +298,19 @@ int train(const options& o, const image_dataset& data, const typename Optim::hyp
                 stage_totals.split * per_step_ms, stage_totals.towers * per_step_ms, stage_totals.reduce * per_step_ms,
                 stage_totals.broadcast * per_step_ms);
   }
-  return 0;
+  run_result result;
+  result.backend = Reduce::name;
+  result.layout = Layout::name;
+  result.examples_per_second = total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0;
+  if (run_times.enough()) {
+    result.median_ms = run_times.quantile_ms(0.5);
+    result.p99_ms = run_times.quantile_ms(0.99);
+  }
+  const double step_seconds = std::accumulate(run_times.seconds.begin(), run_times.seconds.end(), 0.0);
+  if (step_seconds > 0) result.reduce_share = (stage_totals.reduce + stage_totals.broadcast) / step_seconds;
+  result.accuracy = accuracy;
+  result.checksum = parameter_checksum(p);
+  return result;
 }
-
 
 }  // namespace towerpipe_examples::training

@@ -62,8 +62,30 @@ foreach(optimizer sgd momentum adam adamw)
   endforeach()
 endforeach()
 
+# The tutorial's CNN trains on host towers (its gradients are checked against finite differences in
+# tests/host/test_example_cnn.cpp): the loss falls from the first progress line to the last.
+run_train(out 0 --model cnn --cpu-towers --generated 640 --batch-size 64 --epochs 2 --log-every 2 --lr 0.0003)
+if(NOT out MATCHES "model: CNN conv5x5x64-pool-conv5x5x64-pool-fc384-fc192-fc10, 1384586 parameters")
+  message(FATAL_ERROR "--model cnn must train the tutorial's network:\n${out}")
+endif()
+final_field("${out}" "step 2/20, loss = ([0-9.]+)" cnn_first)
+final_field("${out}" "step 20/20, loss = ([0-9.]+)" cnn_last)
+if(NOT cnn_last LESS cnn_first)
+  message(FATAL_ERROR "the CNN's loss went from ${cnn_first} to ${cnn_last}: not learning\n${out}")
+endif()
+
+# --compare-backends: the same training through every backend and layout the towers allow, one table,
+# every run ending with the same parameter bits (host towers: reduce::host with both layouts).
+run_train(out 0 --cpu-towers --compare-backends --generated 200 --batch-size 20 --epochs 1 --towers 3)
+if(NOT out MATCHES "\\| host \\| flat \\| [0-9]+ \\| [0-9.]+ \\| [0-9.]+ \\| [0-9.]+% \\| [0-9.]+% \\| [0-9a-f]+ \\|" OR
+   NOT out MATCHES "\\| host \\| per_variable \\|" OR NOT out MATCHES "checksums: all equal")
+  message(FATAL_ERROR "--compare-backends must print a row per backend and layout, with equal checksums:\n${out}")
+endif()
+
 # Bad input: one line, non-zero.
 foreach(case "--towers;x|--towers needs a positive whole number"
+             "--model;rnn|--model 'rnn' is not one of mlp"
+             "--compare-backends;--backend;host|--compare-backends runs several trainings: it takes no --backend"
              "--towers;0|--towers needs a positive whole number"
              "--optimizer;rmsprop|--optimizer 'rmsprop' is not one of"
              "--layout;dense|--layout 'dense' is not one of"
