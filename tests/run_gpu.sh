@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with a CUDA device (DESIGN.md §5). Phases, in order (PHASES to choose,
+# The GPU check, for a machine with a CUDA device. Phases, in order (PHASES to choose,
 # default all of them):
 #   build     configure and build for sm_90 (ARCH to change) in build/gpu
 #   test      the whole test suite (host and GPU) through ctest
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck (2 towers, time-limited)
 #   bench     the benchmarks (BENCH=quick for the quick subset), the PyTorch anchors where .device/anchors
 #             holds them, and table.md: the README's table with every target checked
-#   train     the training program on GPU towers, each backend x 1, 2, 4 towers (Fashion-MNIST where
-#             .device/fashion-mnist holds its .gz files; 2 epochs with BENCH=quick, else 15)
+#   train     the training program on GPU towers: --compare-backends (every backend and layout, one
+#             table, equal checksums) for the MLP at 1, 2 and 4 towers and for the CNN (cuDNN) at 2, and a
+#             timeline (Fashion-MNIST where .device/fashion-mnist holds its .gz files; 2 epochs of the MLP
+#             with BENCH=quick, else 15; the CNN: 1 epoch, else 3)
 # The device tool allows 10 minutes a command and keeps build outputs between calls on a warm machine,
 # so a first call can run PHASES="build test sanitize" and a second PHASES="bench train".
 # Writes under $OUT (default build/gpu-results): summary.txt, the JSON files, table.md, logs.tar.gz.
@@ -44,6 +46,13 @@ if wanted build; then
   fi
   generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
+  # cuDNN for the CNN's GPU towers: PyTorch's wheel folder where the toolkit has none.
+  for cudnn in /usr/local/cuda /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn; do
+    if [ -f "$cudnn/include/cudnn.h" ]; then
+      prefix+=(-DCUDNN_ROOT="$cudnn")
+      break
+    fi
+  done
   step configure cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90}" "${prefix[@]}" || finish
   step build cmake --build build/gpu -j "$(nproc)" || finish
@@ -76,17 +85,21 @@ if wanted bench; then
 fi
 
 if wanted train; then
-  # The main job on GPU towers: examples/sec and step-time spread per backend and tower count.
+  # The main job on GPU towers: the backends compared on the same training, per tower count.
   data=(--generated 60000)
   [ -f .device/fashion-mnist/train-images-idx3-ubyte.gz ] && data=(--data .device/fashion-mnist)
-  epochs=15; [ "$bench" = quick ] && epochs=2
+  epochs=15; cnn_epochs=3; [ "$bench" = quick ] && epochs=2 && cnn_epochs=1
+  for cudnn in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib; do
+    [ -d "$cudnn" ] && export LD_LIBRARY_PATH="$cudnn:${LD_LIBRARY_PATH:-}"
+  done
   if [ -x build/gpu/examples/train ]; then
-    for backend in device0 p2p_tree host; do
-      for towers in 1 2 4; do
-        step "train_${backend}_${towers}" build/gpu/examples/train "${data[@]}" --epochs "$epochs" --backend "$backend" \
-          --towers "$towers" --log-every 1000000
-      done
+    for towers in 1 2 4; do
+      step "compare_mlp_${towers}" build/gpu/examples/train "${data[@]}" --epochs "$epochs" --towers "$towers" \
+        --compare-backends --log-every 1000000
     done
+    step compare_cnn_2 build/gpu/examples/train "${data[@]}" --model cnn --epochs "$cnn_epochs" --towers 2 \
+      --layout flat --compare-backends --log-every 1000000
+    grep -h -A12 '^compare:' "$out"/compare_*.log >"$out/compare.md" 2>/dev/null
     step train_timeline build/gpu/examples/train "${data[@]}" --epochs 1 --backend p2p_tree --towers 2 \
       --timeline "$out/timeline.json" --log-every 1000000
   else
