@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing towerpipe needs, where it is missing, from Debian's packages:
-# cmake, g++, ninja, Catch2 2.x, clang with libFuzzer, and for the training program zlib and OpenBLAS.
+# cmake, g++, ninja, Catch2 2.x, clang with libFuzzer, OpenMPI (reduce::sharded across processes:
+# ctest mpi.*), and for the training program zlib and OpenBLAS.
 # Extra package names given as arguments are installed too (examples/run.sh asks for the data set).
 # matplotlib (the plots; ctest examples.plot_metrics) comes from PyPI for the python3 on PATH, which
 # need not be Debian's. The CUDA toolkit is optional (GPU tests are built where nvcc exists).
@@ -14,6 +15,8 @@ command -v pkg-config >/dev/null || needed+=(pkgconf)
 [ -f /usr/lib/cmake/Catch2/Catch2Config.cmake ] || [ -f /usr/share/cmake/Catch2/Catch2Config.cmake ] || needed+=(catch2)
 [ -f /usr/include/zlib.h ] || needed+=(zlib1g-dev)
 dpkg -s libopenblas-dev >/dev/null 2>&1 || needed+=(libopenblas-dev)
+dpkg -s libopenmpi-dev >/dev/null 2>&1 || needed+=(libopenmpi-dev)
+command -v mpirun >/dev/null || needed+=(openmpi-bin)
 # clang with libFuzzer for the checkpoint fuzzer (ctest fuzz.checkpoint_reader)
 command -v clang++ >/dev/null || needed+=(clang)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || needed+=(libclang-rt-14-dev)

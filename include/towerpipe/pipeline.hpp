@@ -97,7 +97,7 @@ class pipeline {
     check_options(options_, towers, variables_->count());
     if (options_.loss_scale.mode != loss_scale_mode::off) loss_scale_ = static_cast<float>(options_.loss_scale.initial_scale);
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
-    reducer_ = std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_);
+    reducer_ = make_reducer();
   }
 
   pipeline(const pipeline&) = delete;
@@ -237,13 +237,12 @@ class pipeline {
     const std::vector<shard> shards = towers_->next_shards();  // a copy: run() consumes the staged batch
     stats.stages.split = staging_seconds_.front();  // when the batch was staged, maybe during the last step
     staging_seconds_.pop_front();
-    std::vector<value_type> weights(shards.size());
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      weights[i] = static_cast<value_type>(shards[i].weight);
-      stats.examples += shards[i].examples;
-    }
+    const std::vector<double> exact_weights = tower_weights(shards, stats);
+    std::vector<value_type> weights;
+    for (double w : exact_weights) weights.push_back(static_cast<value_type>(w));
     stats.tower_loss = towers_->run(fn, steps_done_ + 1);
-    for (std::size_t i = 0; i < shards.size(); ++i) stats.loss += shards[i].weight * stats.tower_loss[i];
+    for (std::size_t i = 0; i < shards.size(); ++i) stats.loss += exact_weights[i] * stats.tower_loss[i];
+    if constexpr (detail::reducer_spans_processes<reducer_type>::value) stats.loss = reducer_->sum_across_processes(stats.loss);
     stats.stages.towers = seconds_since(start);
 
     const auto reduce_start = clock::now();
@@ -278,10 +277,31 @@ class pipeline {
  private:
   using clock = std::chrono::steady_clock;
 
-  // Whether steps take the checked passes (reduce/screen.hpp) rather than the single fused one.
-  static bool checked(const pipeline_options& options) {
-    return mixed_precision || options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
-           options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;
+  static bool checked(const pipeline_options& options) { return detail::takes_checked_steps(options, mixed_precision); }
+
+  // Reducers that need the options (reduce::sharded: the process group) take them as a fourth argument.
+  std::unique_ptr<reducer_type> make_reducer() {
+    if constexpr (std::is_constructible<reducer_type, const variable_set&, const hyper_parameters&, towers_type&,
+                                        const pipeline_options&>::value) {
+      return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_, options_);
+    } else {
+      return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_);
+    }
+  }
+
+  // The towers' weights w_i = examples_i / all examples; with several processes (reduce::sharded) every
+  // process's shards count, and stats.examples becomes their total.
+  std::vector<double> tower_weights(const std::vector<shard>& shards, step_stats& stats) {
+    std::vector<double> weights;
+    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
+      weights = reducer_->weights_across_processes(shards, stats.examples);
+    } else {
+      for (const shard& s : shards) {
+        weights.push_back(s.weight);
+        stats.examples += s.examples;
+      }
+    }
+    return weights;
   }
 
 

@@ -3,8 +3,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "towerpipe/comm/process_group.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
@@ -59,6 +61,21 @@ struct pipeline_options {
   // added up micro-batch by micro-batch in the screen's buffer (a checked step). Equal to one step on
   // the concatenated batch up to rounding; bitwise the plain step for 1.
   std::size_t accumulation_steps = 1;
+
+  // reduce::sharded: the processes the towers span (comm/mpi.hpp: mpi_process_group), each running one
+  // pipeline with the same number of towers; empty: this process alone. Shared, so that several
+  // pipelines may use one group.
+  std::shared_ptr<process_group> processes;
 };
+
+namespace detail {
+
+// Whether steps take the checked passes (reduce/screen.hpp) rather than the single fused one.
+inline bool takes_checked_steps(const pipeline_options& options, bool mixed_precision) {
+  return mixed_precision || options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
+         options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;
+}
+
+}  // namespace detail
 
 }  // namespace towerpipe

@@ -19,6 +19,7 @@
 #include "towerpipe/pipeline.hpp"
 #include "towerpipe/reduce/canonical_order.hpp"
 #include "towerpipe/reduce/host.hpp"
+#include "towerpipe/reduce/sharded.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
 #include "towerpipe/trace/timeline.hpp"

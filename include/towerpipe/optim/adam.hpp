@@ -43,6 +43,11 @@ struct adam_family {
   static constexpr int max_state_slots = 2;
   static int state_slots(const hyper_parameters&) { return 2; }
 
+  static std::string describe(const hyper_parameters& h) {
+    return describe_values(
+        {{"lr", h.lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps}, {"weight_decay", h.weight_decay}});
+  }
+
   static void validate(const hyper_parameters& h) {
     require_non_negative(name, "learning rate", h.lr);
     require_non_negative(name, "epsilon", h.eps);

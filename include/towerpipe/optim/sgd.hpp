@@ -16,7 +16,8 @@
 //   hyper_parameters, validate(h), max_state_slots, state_slots(h) (slots actually allocated),
 //   step_constants<T> + constants<T>(h, t) (computed on the host in double, once per step),
 //   update(c, g, p, state) — the per-element step on values in registers; state points at
-//   max_state_slots values of which the first state_slots(h) are loaded and stored by the caller.
+//   max_state_slots values of which the first state_slots(h) are loaded and stored by the caller;
+//   describe(h) — the hyper-parameters as text, exact (processes compare it: reduce::sharded).
 
 #include <cmath>
 #include <cstdint>
@@ -43,6 +44,14 @@ struct sgd {
 
   static constexpr int max_state_slots = 1;
   static int state_slots(const hyper_parameters& h) { return h.momentum != 0.0 ? 1 : 0; }
+
+  static std::string describe(const hyper_parameters& h) {
+    return detail::describe_values({{"lr", h.lr},
+                                    {"momentum", h.momentum},
+                                    {"dampening", h.dampening},
+                                    {"nesterov", h.nesterov ? 1.0 : 0.0},
+                                    {"weight_decay", h.weight_decay}});
+  }
 
   static void validate(const hyper_parameters& h) {
     detail::require_non_negative(name, "learning rate", h.lr);

@@ -17,8 +17,13 @@
 //   tensor_view<const T> state_on_host(slot, variable)  between steps
 //   void set_state(slot, variable, const T* values)     between steps
 // Optional:
+//   reducer(variables, hyper_parameters, towers&, const pipeline_options&)   a constructor that reads the options
 //   void parameter_set(variable, const T* values)       told after the towers' parameters were set, for
 //                                                       reducers that keep a master copy of their own
+//   std::vector<double> weights_across_processes(shards, std::size_t& examples)  and
+//   double sum_across_processes(double)                 for reducers whose towers span processes
+//                                                       (reduce::sharded): every tower's weight and the
+//                                                       step's loss count every process's examples
 
 #include <cstddef>
 #include <type_traits>
@@ -28,6 +33,7 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/exec/towers_contract.hpp"
 #include "towerpipe/reduce/screen.hpp"
+#include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
 
 namespace towerpipe {
@@ -60,6 +66,9 @@ TOWERPIPE_DETECT_MEMBER(reducer_has_state_slots, std::declval<const T&>().state_
 TOWERPIPE_DETECT_MEMBER(reducer_has_state_on_host, std::declval<T&>().state_on_host(std::size_t{}, std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std::size_t{}, std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
+TOWERPIPE_DETECT_MEMBER(reducer_spans_processes,
+                        std::declval<T&>().weights_across_processes(std::declval<const std::vector<shard>&>(),
+                                                                    std::declval<std::size_t&>()));
 
 template <class Reducer, class Towers, class Optim, class T>
 constexpr bool check_reducer_contract() {

@@ -1,0 +1,416 @@
+#pragma once
+// reduce::sharded — the optimizer sharded over the processes of a pipeline (pipeline_options::processes,
+// comm/process_group.hpp; one process without it), for host towers. Bitwise equal to one process with
+// the same total towers (README.md, invariant 2), whatever the process count.
+//
+// The parameters' elements, all variables end to end, are cut into one contiguous slice per process.
+// A step:
+//   1. contributions: each process sends every owner its contributions to the owner's slice (one
+//      personalised all-to-all). With a power-of-two count L of towers per process, process r's towers
+//      rL ... rL + L - 1 form a subtree of the canonical tree (reduce/canonical_order.hpp), so the
+//      process sends its local canonical sum of w_i * g_i: one partial per process crosses the wire.
+//      With other counts that is not so, and it sends its towers' raw gradients (L times the bytes):
+//      the owner forms w_i * g_i itself.
+//   2. owner: the canonical sum over the leaves it received (the tree's upper levels over the R
+//      partials, or the whole tree over the N = R * L gradients), then the optimizer on its slice with
+//      its slice of the optimizer state (1/R of the memory).
+//   3. every process gathers every slice's new parameters (an all-gather: a copy, free of order).
+// Bytes per process and step with partials: (R - 1)/R * P values out and in, then the same again to
+// gather: those of a ring reduce-scatter + all-gather.
+//
+// Global tower index = rank-major: process r's tower t is tower r * L + t. Every process must have
+// the same L, variables, layout, optimizer and hyper-parameters: the constructor compares a fingerprint
+// of them across processes and fails on every process with the first difference. Tower weights come
+// from every process's shard sizes (w_i = examples_i / all examples), and the loss a step reports is
+// the mean over every process's examples.
+//
+// The optimizer state on a process is only its slice: optimizer_state(slot, variable) gathers it (a
+// collective: every process calls it, in the same order — as io/checkpoint.hpp's save does), and
+// set_optimizer_state keeps the part of the slice (no communication), so checkpoints hold whole
+// variables and load with any process count. Not yet: checked steps (non-finite screening, clipping,
+// loss scaling, accumulation) and mixed precision across processes — the constructor says so.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "towerpipe/comm/process_group.hpp"
+#include "towerpipe/core/config.hpp"
+#include "towerpipe/core/exact_arithmetic.hpp"
+#include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/exec/host.hpp"
+#include "towerpipe/pipeline_options.hpp"
+#include "towerpipe/reduce/canonical_order.hpp"
+#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/screen.hpp"
+#include "towerpipe/split.hpp"
+#include "towerpipe/stats.hpp"
+
+namespace towerpipe {
+
+namespace reduce {
+
+// The optimizer sharded over processes (see the top of this header).
+struct sharded {
+  using policy_kind = detail::reduce_policy_kind;
+  static constexpr const char* name = "sharded";
+};
+
+}  // namespace reduce
+
+namespace detail {
+
+// A group of one process: what reduce::sharded uses without pipeline_options::processes.
+class single_process final : public process_group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string describe() const override { return "one process"; }
+  std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char*) override {
+    return {std::string(static_cast<const char*>(data), bytes)};
+  }
+  void all_to_all(const char* send, const std::vector<std::size_t>& send_offsets, const std::vector<std::size_t>& send_bytes,
+                  char* recv, const std::vector<std::size_t>& recv_offsets, const std::vector<std::size_t>&,
+                  const char*) override {
+    std::memcpy(recv + recv_offsets[0], send + send_offsets[0], send_bytes[0]);
+  }
+  void all_gather_blocks(const char* mine, char* out, const std::vector<std::size_t>& block_offsets,
+                         const std::vector<std::size_t>& block_bytes, const char*) override {
+    std::memcpy(out + block_offsets[0], mine, block_bytes[0]);
+  }
+};
+
+// The flat element space (every variable's elements, in variable order) and its slices, one per process.
+class slice_plan {
+ public:
+  slice_plan(const variable_set& variables, int processes) {
+    for (const variable& v : variables) {
+      variable_start_.push_back(total_);
+      total_ += v.size;
+    }
+    variable_start_.push_back(total_);
+    for (int r = 0; r <= processes; ++r)
+      bounds_.push_back(total_ * static_cast<std::size_t>(r) / static_cast<std::size_t>(processes));
+  }
+  std::size_t total() const { return total_; }
+  std::size_t first(int owner) const { return bounds_[static_cast<std::size_t>(owner)]; }
+  std::size_t size(int owner) const { return first(owner + 1) - first(owner); }
+  std::size_t variable_start(std::size_t v) const { return variable_start_[v]; }
+
+  // f(variable, first element, count, flat index of that element) for each variable's part of [lo, hi).
+  template <class F>
+  void for_each_piece(std::size_t lo, std::size_t hi, F&& f) const {
+    for (std::size_t v = 0; v + 1 < variable_start_.size(); ++v) {
+      const std::size_t begin = std::max(lo, variable_start_[v]), end = std::min(hi, variable_start_[v + 1]);
+      if (begin < end) f(v, begin - variable_start_[v], end - begin, begin);
+    }
+  }
+
+ private:
+  std::vector<std::size_t> variable_start_;  // per variable, then the total
+  std::vector<std::size_t> bounds_;          // owner r: [bounds_[r], bounds_[r + 1])
+  std::size_t total_ = 0;
+};
+
+// What every process compares before the first step, a line each ("key: value").
+template <class Optim, class Layout>
+std::vector<std::string> sharded_fingerprint(const variable_set& variables, const typename Optim::hyper_parameters& h,
+                                             std::size_t towers, const pipeline_options& options) {
+  std::vector<std::string> lines{
+      make_message("library: towerpipe ", TOWERPIPE_VERSION_MAJOR, ".", TOWERPIPE_VERSION_MINOR, ".", TOWERPIPE_VERSION_PATCH),
+      make_message("layout: ", Layout::name, ", ", sizeof(typename Layout::value_type), "-byte values"),
+      make_message("optimizer: ", Optim::name, " ", Optim::describe(h)),
+      make_message("towers per process: ", towers),
+      make_message("split: ", options.split == split_policy::weighted ? "weighted" : "drop_remainder"),
+      make_message("variables: ", variables.count())};
+  for (std::size_t v = 0; v < variables.count(); ++v)
+    lines.push_back(make_message("variable ", v, ": '", variables[v].name, "' ", to_string(variables[v].shape)));
+  return lines;
+}
+
+TOWERPIPE_EXACT_ARITHMETIC_BEGIN
+template <class Optim, class Layout>
+class sharded_host_reducer {
+  static_assert(std::is_floating_point<typename Layout::value_type>::value,
+                "towerpipe: reduce::sharded does not take mixed precision (bf16/fp16 layouts) yet");
+
+ public:
+  using T = typename Layout::value_type;
+  using hyper_parameters = typename Optim::hyper_parameters;
+  using constants_type = typename Optim::template step_constants<T>;
+  static constexpr std::size_t block = 256;         // elements per canonical_tree_reduce over scratch rows
+  static constexpr std::size_t work_elements = 1 << 15;  // elements per task on the thread pool
+
+  sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>& towers,
+                       const pipeline_options& options)
+      : variables_(variables),
+        group_(options.processes ? options.processes : std::make_shared<single_process>()),
+        rank_(group_->rank()),
+        processes_(group_->size()),
+        local_towers_(towers.towers()),
+        plan_(variables, processes_),
+        partials_(is_power_of_two(local_towers_)),
+        contributions_(partials_ ? 1 : local_towers_) {
+    check_fingerprint(sharded_fingerprint<Optim, Layout>(variables, h, local_towers_, options));
+    if (takes_checked_steps(options, false))
+      fail("reduce::sharded does not take checked steps yet (non-finite screening, clipping, loss scaling, "
+           "accumulation): set pipeline_options::on_nonfinite = nonfinite_policy::unchecked and leave the others off");
+    const std::size_t mine = plan_.size(rank_);
+    for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(mine, T(0));
+    send_.resize(contributions_ * plan_.total());
+    received_.resize(contributions_ * static_cast<std::size_t>(processes_) * mine);
+    updated_.resize(mine);
+    gathered_.resize(plan_.total());
+  }
+
+  // The processes' shard sizes, rank-major: every tower's weight examples_i / all examples (as
+  // plan_split computes it in one process), kept for the step; returns this process's towers' weights
+  // and sets `examples` to the count over every process.
+  std::vector<double> weights_across_processes(const std::vector<shard>& shards, std::size_t& examples) {
+    std::vector<std::uint64_t> mine;
+    for (const shard& s : shards) mine.push_back(s.examples);
+    const std::vector<std::string> all = group_->all_gather(mine.data(), mine.size() * sizeof(std::uint64_t), "gathering shard sizes");
+    std::vector<std::uint64_t> counts;
+    for (const std::string& bytes : all) {
+      const std::size_t before = counts.size();
+      counts.resize(before + bytes.size() / sizeof(std::uint64_t));
+      std::memcpy(counts.data() + before, bytes.data(), bytes.size());
+    }
+    std::uint64_t used = 0;
+    for (std::uint64_t c : counts) used += c;
+    examples = static_cast<std::size_t>(used);
+    weights_.clear();
+    std::vector<double> local;
+    for (std::size_t g = 0; g < counts.size(); ++g) {
+      const double w = static_cast<double>(counts[g]) / static_cast<double>(used);
+      weights_.push_back(static_cast<T>(w));
+      if (g / local_towers_ == static_cast<std::size_t>(rank_)) local.push_back(w);
+    }
+    return local;
+  }
+  // The sum over processes, in rank order (the same bits on every process).
+  double sum_across_processes(double value) {
+    double total = 0;
+    for (const std::string& bytes : group_->all_gather(&value, sizeof value, "summing the loss")) {
+      double part = 0;
+      std::memcpy(&part, bytes.data(), sizeof part);
+      total += part;
+    }
+    return total;
+  }
+
+  std::size_t state_slots() const { return state_.size(); }
+  // Collective (see the top): gathers the slot's slices, once per slot between steps.
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
+    if (gathered_slot_ != static_cast<int>(slot)) {
+      gather(state_[slot].data(), "gathering optimizer state");
+      gathered_slot_ = static_cast<int>(slot);
+    }
+    return tensor_view<const T>(gathered_.data() + plan_.variable_start(index), variables_[index].shape);
+  }
+  void set_state(std::size_t slot, std::size_t index, const T* values) {
+    gathered_slot_ = -1;
+    const std::size_t lo = plan_.first(rank_);
+    plan_.for_each_piece(lo, lo + plan_.size(rank_), [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
+      if (v == index) std::copy(values + first, values + first + count, state_[slot].data() + (flat - lo));
+    });
+  }
+
+  void average_and_apply(host_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
+                         stage_seconds& stages) {
+    if (weights_.size() != static_cast<std::size_t>(processes_) * local_towers_)
+      fail("reduce::sharded: a step needs every tower's weight first (weights_across_processes; pipeline::step calls it)");
+    const auto start = std::chrono::steady_clock::now();
+    gathered_slot_ = -1;
+    gather_contributions(towers, weights);
+    exchange_contributions();
+    update_slice(towers, constants);
+    const auto reduced = std::chrono::steady_clock::now();
+    gather(updated_.data(), "gathering parameters");
+    scatter_parameters(towers);
+    stages.reduce = std::chrono::duration<double>(reduced - start).count();
+    stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
+  }
+
+  // The passes of a checked step, which the constructor refuses for now.
+  screen_partials screen_average(host_towers<Layout>&, const std::vector<T>&, const accumulation<T>&, stage_seconds&) {
+    fail("reduce::sharded does not take checked steps yet");
+  }
+  void apply_averaged(host_towers<Layout>&, T, const constants_type&, stage_seconds&) {
+    fail("reduce::sharded does not take checked steps yet");
+  }
+
+ private:
+  static bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+
+  void check_fingerprint(const std::vector<std::string>& lines) {
+    std::string text;
+    for (const std::string& line : lines) text += line + '\n';
+    const std::vector<std::string> all = group_->all_gather(text.data(), text.size(), "the configuration check before the first step");
+    for (std::size_t r = 1; r < all.size(); ++r) {
+      if (all[r] == all[0]) continue;
+      const auto lines_of = [](const std::string& s) {
+        std::vector<std::string> result;
+        for (std::size_t at = 0, end; at < s.size(); at = end + 1) result.push_back(s.substr(at, (end = s.find('\n', at)) - at));
+        return result;
+      };
+      const std::vector<std::string> first = lines_of(all[0]), other = lines_of(all[r]);
+      std::size_t i = 0;
+      while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
+      fail("reduce::sharded over ", group_->describe(), ": the processes differ before the first step: rank ", r, " has '",
+           i < other.size() ? other[i] : "(nothing)", "' where rank 0 has '", i < first.size() ? first[i] : "(nothing)", "'");
+    }
+  }
+
+  // Runs f(begin, end) over [lo, hi) in tasks of work_elements on the towers' threads.
+  template <class F>
+  void in_parallel(host_towers<Layout>& towers, std::size_t lo, std::size_t hi, F&& f) {
+    const std::size_t tasks = (hi - lo + work_elements - 1) / work_elements;
+    for (const std::exception_ptr& failure : towers.pool().run(tasks, [&](std::size_t task) {
+           const std::size_t begin = lo + task * work_elements;
+           f(begin, std::min(hi, begin + work_elements));
+         })) {
+      if (failure) std::rethrow_exception(failure);
+    }
+  }
+
+  // send_: with partials, the local canonical sum in flat order (owner o's slice at its own offset); else
+  // for each owner o, each local tower's gradient over o's slice, tower after tower.
+  void gather_contributions(host_towers<Layout>& towers, const std::vector<T>& weights) {
+    in_parallel(towers, 0, plan_.total(), [&](std::size_t lo, std::size_t hi) {
+      if (partials_) {
+        plan_.for_each_piece(lo, hi, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
+          local_partial(towers, weights, v, first, count, send_.data() + flat);
+        });
+        return;
+      }
+      for (int owner = 0; owner < processes_; ++owner) {
+        const std::size_t start = plan_.first(owner), end = plan_.first(owner + 1);
+        T* to_owner = send_.data() + start * contributions_;
+        plan_.for_each_piece(std::max(lo, start), std::min(hi, end), [&](std::size_t v, std::size_t first, std::size_t count,
+                                                                         std::size_t flat) {
+          for (std::size_t t = 0; t < local_towers_; ++t) {
+            const T* g = towers.gradients(t).data(v) + first;
+            std::copy(g, g + count, to_owner + t * (end - start) + (flat - start));
+          }
+        });
+      }
+    });
+  }
+
+  void local_partial(host_towers<Layout>& towers, const std::vector<T>& weights, std::size_t v, std::size_t first,
+                     std::size_t count, T* out) const {
+    T scratch[32][block];
+    for (std::size_t begin = 0; begin < count; begin += block) {
+      const std::size_t n = std::min(block, count - begin);
+      canonical_tree_reduce(
+          static_cast<int>(local_towers_),
+          [&](int tower, int slot) {
+            const T* g = towers.gradients(static_cast<std::size_t>(tower)).data(v) + first + begin;
+            const T w = weights[static_cast<std::size_t>(tower)];
+            for (std::size_t k = 0; k < n; ++k) scratch[slot][k] = rounded_mul(w, g[k]);
+          },
+          [&](int left, int right) {
+            for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
+          });
+      std::copy(scratch[0], scratch[0] + n, out + begin);
+    }
+  }
+
+  void exchange_contributions() {
+    std::vector<std::size_t> send_offsets, send_bytes, recv_offsets, recv_bytes;
+    const std::size_t mine = plan_.size(rank_);
+    for (int r = 0; r < processes_; ++r) {
+      send_offsets.push_back(plan_.first(r) * contributions_ * sizeof(T));
+      send_bytes.push_back(plan_.size(r) * contributions_ * sizeof(T));
+      recv_offsets.push_back(static_cast<std::size_t>(r) * contributions_ * mine * sizeof(T));
+      recv_bytes.push_back(contributions_ * mine * sizeof(T));
+    }
+    group_->all_to_all(reinterpret_cast<const char*>(send_.data()), send_offsets, send_bytes,
+                       reinterpret_cast<char*>(received_.data()), recv_offsets, recv_bytes, "sending gradients to their owners");
+  }
+
+  // The owner's slice: the canonical sum over what arrived, then the optimizer, into updated_.
+  void update_slice(host_towers<Layout>& towers, const constants_type& constants) {
+    const std::size_t lo = plan_.first(rank_), mine = plan_.size(rank_);
+    in_parallel(towers, lo, lo + mine, [&](std::size_t begin_flat, std::size_t end_flat) {
+      plan_.for_each_piece(begin_flat, end_flat, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
+        const T* parameters = towers.shared_parameters().data(v) + first;
+        const std::size_t at = flat - lo;  // in the slice
+        T scratch[32][block];
+        for (std::size_t begin = 0; begin < count; begin += block) {
+          const std::size_t n = std::min(block, count - begin), j = at + begin;
+          const std::size_t leaves = partials_ ? static_cast<std::size_t>(processes_) : weights_.size();
+          canonical_tree_reduce(
+              static_cast<int>(leaves),
+              [&](int leaf, int slot) {
+                const T* x = received_.data() + static_cast<std::size_t>(leaf) * mine + j;
+                if (partials_) {
+                  std::copy(x, x + n, scratch[slot]);
+                } else {
+                  const T w = weights_[static_cast<std::size_t>(leaf)];
+                  for (std::size_t k = 0; k < n; ++k) scratch[slot][k] = rounded_mul(w, x[k]);
+                }
+              },
+              [&](int left, int right) {
+                for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
+              });
+          for (std::size_t k = 0; k < n; ++k) {
+            T state[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
+            for (std::size_t s = 0; s < state_.size(); ++s) state[s] = state_[s][j + k];
+            T p = parameters[begin + k];
+            Optim::update(constants, scratch[0][k], p, state);
+            for (std::size_t s = 0; s < state_.size(); ++s) state_[s][j + k] = state[s];
+            updated_[j + k] = p;
+          }
+        }
+      });
+    });
+  }
+
+  // Every process's slice of `slice` (this process's, plan_.size(rank_) values) into gathered_.
+  void gather(const T* slice, const char* what) {
+    std::vector<std::size_t> offsets, bytes;
+    for (int r = 0; r < processes_; ++r) {
+      offsets.push_back(plan_.first(r) * sizeof(T));
+      bytes.push_back(plan_.size(r) * sizeof(T));
+    }
+    group_->all_gather_blocks(reinterpret_cast<const char*>(slice), reinterpret_cast<char*>(gathered_.data()), offsets, bytes, what);
+  }
+
+  void scatter_parameters(host_towers<Layout>& towers) {
+    in_parallel(towers, 0, plan_.total(), [&](std::size_t lo, std::size_t hi) {
+      plan_.for_each_piece(lo, hi, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
+        std::copy(gathered_.data() + flat, gathered_.data() + flat + count, towers.shared_parameters().data(v) + first);
+      });
+    });
+  }
+
+  const variable_set& variables_;
+  std::shared_ptr<process_group> group_;
+  int rank_, processes_;
+  std::size_t local_towers_;
+  slice_plan plan_;
+  bool partials_;               // L a power of two: one local partial per process (see the top)
+  std::size_t contributions_;   // values per element each process sends an owner: 1 or L
+  std::vector<std::vector<T>> state_;  // per slot: this process's slice
+  std::vector<T> weights_;             // every tower's weight, rank-major, for this step
+  std::vector<T> send_, received_, updated_, gathered_;
+  int gathered_slot_ = -1;             // the state slot gathered_ holds, -1: none (parameters or stale)
+};
+TOWERPIPE_EXACT_ARITHMETIC_END
+
+}  // namespace detail
+
+template <class Optim, class Layout>
+struct reducer_for<exec::host, reduce::sharded, Optim, Layout> {
+  using type = detail::sharded_host_reducer<Optim, Layout>;
+};
+
+}  // namespace towerpipe

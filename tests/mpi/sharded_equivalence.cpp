@@ -1,0 +1,279 @@
+// reduce::sharded across MPI processes (run under mpirun; ctest mpi.*). Modes:
+//
+//   equal L      every process runs L host towers; after every step the parameters and the optimizer
+//                state equal, bit for bit, those of one process with all R * L towers on the whole
+//                batch (computed here on every process) — for SGD with momentum, Adam and AdamW, both
+//                layouts, even and uneven batches; a checkpoint written by R processes continues in one
+//                process, and one written by one process continues in R, bitwise.
+//   mismatch     the last process declares a variable of another shape: every process fails at
+//                construction with the same message naming that rank, the variable and both shapes.
+//   early_exit   the last process leaves (MPI_Finalize) before building its pipeline: the others fail
+//                with the deadline's error within seconds (3 s here) instead of hanging.
+//
+// Exit status 0: every check held on this process. Failures print "rank R: ..." lines.
+
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <towerpipe/comm/mpi.hpp>
+#include <towerpipe/towerpipe.hpp>
+
+namespace {
+
+using namespace towerpipe;
+
+int rank = 0, processes = 1;
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) return;
+  ++failures;
+  std::printf("rank %d: FAILED: %s\n", rank, what.c_str());
+  std::fflush(stdout);
+}
+
+constexpr std::size_t features = 7, targets = 5;
+
+// A linear model with a scale vector: loss = mean over examples of 0.5 * |W x + b - y|^2 +
+// 0.5 * sum_k (scale_k * x_0)^2; three variables of awkward sizes, so that slices cut through them.
+variable_set model_variables(std::size_t scale_size = 11) {
+  variable_set v;
+  v.add("w", {targets, features});
+  v.add("b", {targets});
+  v.add("scale", {scale_size});
+  return v;
+}
+std::vector<input_spec> model_inputs() {
+  return {{"x", dtype::float32, {features}}, {"y", dtype::float32, {targets}}};
+}
+
+template <class Context>
+double linear_tower(Context& tower) {
+  const auto x = tower.template input<float>("x");
+  const auto y = tower.template input<float>("y");
+  const auto w = tower.parameter(0), b = tower.parameter(1), scale = tower.parameter(2);
+  auto gw = tower.gradient(0), gb = tower.gradient(1), gs = tower.gradient(2);
+  const std::size_t examples = x.examples();
+  const double n = static_cast<double>(examples);
+  std::vector<double> dw(targets * features, 0.0), db(targets, 0.0), ds(scale.size(), 0.0);
+  double loss = 0;
+  for (std::size_t e = 0; e < examples; ++e) {
+    for (std::size_t o = 0; o < targets; ++o) {
+      double z = b.data()[o] - y(e, o);
+      for (std::size_t f = 0; f < features; ++f) z += w.data()[o * features + f] * x(e, f);
+      loss += 0.5 * z * z;
+      db[o] += z;
+      for (std::size_t f = 0; f < features; ++f) dw[o * features + f] += z * x(e, f);
+    }
+    for (std::size_t k = 0; k < scale.size(); ++k) {
+      const double s = scale.data()[k] * x(e, 0);
+      loss += 0.5 * s * s;
+      ds[k] += s * x(e, 0);
+    }
+  }
+  for (std::size_t i = 0; i < dw.size(); ++i) gw.data()[i] = static_cast<float>(dw[i] / n);
+  for (std::size_t i = 0; i < db.size(); ++i) gb.data()[i] = static_cast<float>(db[i] / n);
+  for (std::size_t i = 0; i < ds.size(); ++i) gs.data()[i] = static_cast<float>(ds[i] / n);
+  return loss / n;
+}
+
+// The whole step's batch, the same on every process: `examples` rows of x and y from the step number.
+struct global_batch {
+  std::vector<float> x, y;
+  std::size_t examples;
+  global_batch(int step, std::size_t count) : x(count * features), y(count * targets), examples(count) {
+    std::uint64_t state = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(step + 1);
+    const auto next = [&] {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24) - 0.5);
+    };
+    for (float& v : x) v = next();
+    for (float& v : y) v = next();
+  }
+  // Examples [first, first + count) as a batch.
+  batch slice(std::size_t first, std::size_t count) const {
+    batch b;
+    b.add("x", x.data() + first * features, count, {features});
+    b.add("y", y.data() + first * targets, count, {targets});
+    return b;
+  }
+};
+
+template <class Pipeline>
+void initialize(Pipeline& p) {
+  std::uint64_t seed = 12345;
+  p.initialize([&](const variable&, tensor_view<float> values) {
+    for (float& v : values) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>(static_cast<double>(seed >> 40) / static_cast<double>(1ull << 24) - 0.5);
+    }
+  });
+}
+
+template <class A, class B>
+bool same_bits(const A& a, const B& b, std::size_t& differing) {
+  differing = 0;
+  for (std::size_t v = 0; v < a.variables().count(); ++v) {
+    const auto x = a.parameter(v), y = b.parameter(v);
+    if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) ++differing;
+  }
+  return differing == 0;
+}
+
+// Optimizer state: a collective on the sharded pipeline (every process asks for every slot and variable).
+template <class Sharded, class Single>
+bool same_state(Sharded& sharded, const Single& single) {
+  bool same = sharded.optimizer_state_slots() == single.optimizer_state_slots();
+  for (std::size_t slot = 0; same && slot < single.optimizer_state_slots(); ++slot) {
+    for (std::size_t v = 0; v < single.variables().count(); ++v) {
+      const auto x = sharded.optimizer_state(slot, v), y = single.optimizer_state(slot, v);
+      same = same && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+    }
+  }
+  return same;
+}
+
+template <class Optim, class Layout>
+void equal_to_one_process(std::size_t local_towers, const typename Optim::hyper_parameters& h, bool uneven,
+                          const std::shared_ptr<process_group>& group) {
+  const std::size_t towers = local_towers * static_cast<std::size_t>(processes);
+  pipeline_options single_options, sharded_options;
+  single_options.on_nonfinite = sharded_options.on_nonfinite = nonfinite_policy::unchecked;
+  single_options.host_threads = sharded_options.host_threads = 2;
+  sharded_options.processes = group;
+  using single_type = pipeline<exec::host, reduce::host, Optim, Layout>;
+  using sharded_type = pipeline<exec::host, reduce::sharded, Optim, Layout>;
+  single_type single(model_variables(), model_inputs(), towers, h, single_options);
+  auto sharded = std::make_unique<sharded_type>(model_variables(), model_inputs(), local_towers, h, sharded_options);
+  initialize(single);
+  initialize(*sharded);
+  const std::string name = std::string(Optim::name) + ", " + Layout::name + (uneven ? ", uneven" : ", even") + ", " +
+                           std::to_string(local_towers) + " towers per process";
+
+  // A step of the whole batch in one process, and of this process's part of it in the sharded pipeline.
+  const auto examples = 3 * towers + (uneven ? towers / 2 + 1 : 0);
+  const auto step_one = [&](auto& one, int step) {
+    return one.step(global_batch(step, examples).slice(0, examples), [](auto& tower) { return linear_tower(tower); });
+  };
+  const auto step_sharded = [&](auto& many, int step) {
+    const std::vector<shard> shards = plan_split(examples, towers, split_policy::weighted);
+    const std::size_t first = shards[static_cast<std::size_t>(rank) * local_towers].first;
+    std::size_t count = 0;
+    for (std::size_t t = 0; t < local_towers; ++t) count += shards[static_cast<std::size_t>(rank) * local_towers + t].examples;
+    return many.step(global_batch(step, examples).slice(first, count), [](auto& tower) { return linear_tower(tower); });
+  };
+  const auto step_both = [&](auto& one, auto& many, int step) {
+    const step_stats a = step_one(one, step), b = step_sharded(many, step);
+    check(b.examples == examples, name + ": the step counts every process's examples");
+    check(std::abs(a.loss - b.loss) <= 1e-12 * std::abs(a.loss), name + ": the loss is the mean over every process");
+  };
+
+  std::size_t differing = 0;
+  for (int step = 1; step <= 3; ++step) {
+    step_both(single, *sharded, step);
+    check(same_bits(single, *sharded, differing),
+          name + ": step " + std::to_string(step) + ": " + std::to_string(differing) + " variable(s) differ from one process");
+    check(same_state(*sharded, single), name + ": step " + std::to_string(step) + ": optimizer state differs");
+  }
+
+  // Checkpoints: written by R processes (every one takes part in gathering the state; each writes its
+  // own copy), continued in one process; written by one process, continued in R.
+  const std::string from_many = "sharded_" + std::to_string(processes) + "_" + std::to_string(rank) + ".ckpt";
+  const std::string from_one = "single_" + std::to_string(processes) + "_" + std::to_string(rank) + ".ckpt";
+  save_checkpoint(*sharded, from_many);
+  save_checkpoint(single, from_one);
+  single_type resumed_single(model_variables(), model_inputs(), towers, h, single_options);
+  load_checkpoint(resumed_single, from_many);
+  sharded = std::make_unique<sharded_type>(model_variables(), model_inputs(), local_towers, h, sharded_options);
+  load_checkpoint(*sharded, from_one);
+  for (int step = 4; step <= 5; ++step) {
+    step_both(single, *sharded, step);
+    step_one(resumed_single, step);
+  }
+  check(same_bits(single, *sharded, differing), name + ": after the checkpoints, the sharded run differs");
+  check(same_bits(single, resumed_single, differing), name + ": a checkpoint of the sharded run resumes differently");
+  std::remove(from_many.c_str());
+  std::remove(from_one.c_str());
+}
+
+template <class Layout>
+void every_optimizer(std::size_t local_towers, const std::shared_ptr<process_group>& group) {
+  optim::sgd::hyper_parameters sgd;
+  sgd.lr = 0.05;
+  sgd.momentum = 0.9;
+  sgd.weight_decay = 1e-3;
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  adam.weight_decay = 1e-3;
+  optim::adamw::hyper_parameters adamw;
+  adamw.lr = 0.01;
+  for (bool uneven : {false, true}) {
+    equal_to_one_process<optim::sgd, Layout>(local_towers, sgd, uneven, group);
+    equal_to_one_process<optim::adam, Layout>(local_towers, adam, uneven, group);
+    equal_to_one_process<optim::adamw, Layout>(local_towers, adamw, uneven, group);
+  }
+}
+
+// Every process must fail with the same message, which names the rank, the variable and both shapes.
+void mismatch(const std::shared_ptr<process_group>& group) {
+  pipeline_options options;
+  options.on_nonfinite = nonfinite_policy::unchecked;
+  options.processes = group;
+  const bool odd_one = rank == processes - 1;
+  try {
+    pipeline<exec::host, reduce::sharded, optim::adam, layout::flat<float>> p(model_variables(odd_one ? 12 : 11),
+                                                                                model_inputs(), 1, {}, options);
+    check(false, "a process with another variable shape was accepted");
+  } catch (const towerpipe::error& e) {
+    const std::string expected = "the processes differ before the first step: rank " + std::to_string(processes - 1) +
+                                 " has 'variable 2: 'scale' [12]' where rank 0 has 'variable 2: 'scale' [11]'";
+    check(std::string(e.what()).find(expected) != std::string::npos, std::string("unexpected message: ") + e.what());
+    std::printf("rank %d: refused as expected: %s\n", rank, e.what());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &processes);
+  const std::string mode = argc > 1 ? argv[1] : "equal";
+  try {
+    if (mode == "early_exit" && rank == processes - 1) {
+      MPI_Finalize();
+      return 0;
+    }
+    const auto group = std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "early_exit" ? 3 : 60));
+    if (mode == "equal") {
+      const std::size_t local_towers = argc > 2 ? std::stoul(argv[2]) : 1;
+      every_optimizer<layout::flat<float>>(local_towers, group);
+      every_optimizer<layout::per_variable<float>>(local_towers, group);
+    } else if (mode == "mismatch") {
+      mismatch(group);
+    } else if (mode == "early_exit") {
+      pipeline_options options;
+      options.on_nonfinite = nonfinite_policy::unchecked;
+      options.processes = group;
+      pipeline<exec::host, reduce::sharded, optim::sgd, layout::flat<float>> p(model_variables(), model_inputs(), 1, {}, options);
+      check(false, "a pipeline was built although a process had left");
+    } else {
+      check(false, "unknown mode " + mode);
+    }
+  } catch (const std::exception& e) {
+    std::printf("rank %d: error: %s\n", rank, e.what());
+    std::fflush(stdout);
+    // After a deadline MPI is in no state to finalise: end the job.
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  if (failures == 0) std::printf("rank %d: all checks passed (%s)\n", rank, mode.c_str());
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}
