@@ -3,7 +3,10 @@
 // and writes every figure as JSON. --quick runs a small subset in seconds (CI runs it). Backend "host" is
 // the single fused pass (on_nonfinite = unchecked); "host checked" the default checked step (screen,
 // then apply: reduce/screen.hpp), whose floor has the average's write and read on top; "host bf16" the
-// mixed-precision step (bf16 towers, fp32 master and state), whose floor counts 2-byte gradients.
+// mixed-precision step (bf16 towers, fp32 master and state), whose floor counts 2-byte gradients;
+// "sharded" reduce::sharded in one process (unchecked; average+apply and the gather of the parameters),
+// against the same floor as "host": the bytes the job needs, not the slicing's extra copies, so its
+// ratio shows what sharding costs where there is nothing to spread over.
 
 #include <chrono>
 #include <cstdio>
@@ -28,11 +31,11 @@ const char* usage =
     "Times exec::host + reduce::host average+apply over the ResNet-50 and BERT-base variable lists and a\n"
     "flat sweep, against a triad floor measured on the same threads.";
 
-template <class Optim, class Layout>
+template <class Optim, class Layout, class Reduce = reduce::host>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
              const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o, double floor_bandwidth,
              bool checked, json_rows& out) {
-  using trainer = pipeline<exec::host, reduce::host, Optim, Layout>;
+  using trainer = pipeline<exec::host, Reduce, Optim, Layout>;
   pipeline_options options;
   options.host_threads = std::thread::hardware_concurrency();
   if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
@@ -58,7 +61,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
       for (std::size_t v = 0; v < variables.count(); ++v) tower.gradient(v);
       return 0.0;
     });
-    seconds.push_back(stats.stages.reduce);
+    seconds.push_back(stats.stages.reduce + stats.stages.broadcast);
   }
   const double parameters = static_cast<double>(variables.total_size());
   const int slots = Optim::state_slots(h);
@@ -67,7 +70,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
                           : towerpipe_bench::bytes_per_parameter(towers, slots, 0) + (checked ? towerpipe_bench::screen_bytes : 0));
   const double ms = median(seconds) * 1e3;
   const double floor_ms = bytes / floor_bandwidth * 1e3;
-  const char* backend = mixed ? "host bf16" : checked ? "host checked" : "host";
+  const char* backend = mixed ? "host bf16" : checked ? "host checked" : Reduce::name;
   std::printf("%-10s %-13s %-6s %-12s %2zu %11.0f %9.3f %9.3f %8.1f %7.2fx\n", model.c_str(), backend, Optim::name,
               Layout::name, towers, parameters, ms, floor_ms, bytes / (ms * 1e-3) / 1e9, ms / floor_ms);
   out.rows.push_back(json_rows::measurement(backend, "host", model, Optim::name, Layout::name, towers, variables, bytes, ms,
@@ -87,6 +90,8 @@ void measure_optimizers(const std::string& model, const variable_set& variables,
         measure<optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, floor_bandwidth, checked,
                                       out);
     }
+    measure<optim::adam, Layout, reduce::sharded>(model, variables, towers, optim::adam::hyper_parameters{}, o,
+                                                  floor_bandwidth, false, out);
     // Mixed precision: bf16 towers, fp32 master and state (a checked step by construction).
     using bf16_layout = std::conditional_t<std::is_same<Layout, layout::flat<float>>::value, layout::flat<bfloat16>,
                                            layout::per_variable<bfloat16>>;

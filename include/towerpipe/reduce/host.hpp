@@ -40,6 +40,34 @@ struct host_reduce_policy {
 namespace detail {
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
+template <int Slots, class Body>
+void with_slot_count(int active, Body&& body) {
+  if constexpr (Slots >= 0) {
+    if (active == Slots) return body(std::integral_constant<int, Slots>{});
+    with_slot_count<Slots - 1>(active, body);
+  }
+}
+
+// The optimizer over one block of `count` elements: p[k], the `active` state slots slots[s][k] and the
+// average g[k], on the host. The slot count is made a compile-time constant so that the compiler can
+// vectorise the loop, and the constants are copied into a local: through the reference the compiler
+// would have to assume that the stores to p and the state alias them, reload them every element and
+// give up vectorising. Shared by reduce::host and reduce::sharded.
+template <class Optim, class T>
+void update_host_block(int active, T* p, T* const* slots, const T* g, std::size_t count,
+                       const typename Optim::template step_constants<T>& constants) {
+  with_slot_count<Optim::max_state_slots>(active, [&](auto slot_count) {
+    constexpr int used = decltype(slot_count)::value;
+    const typename Optim::template step_constants<T> c = constants;
+    for (std::size_t k = 0; k < count; ++k) {
+      T state[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
+      for (int s = 0; s < used; ++s) state[s] = slots[s][k];
+      Optim::update(c, g[k], p[k], state);
+      for (int s = 0; s < used; ++s) slots[s][k] = state[s];
+    }
+  });
+}
+
 // The optimizer state in host memory and the fused pass over any range of the chunk table; shared by
 // reduce::host for host towers and for GPU towers.
 // Mixed precision (a bf16 or fp16 layout): the state and the average are in the master type, the
@@ -224,35 +252,9 @@ class host_optimizer_pass {
           for (std::size_t k = 0; k < count; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
         });
 
-    value_type* slots[Optim::max_state_slots] = {};
+    value_type* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
     for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data(variable) + first;
-    with_slot_count<Optim::max_state_slots>(static_cast<int>(state_.size()), [&](auto active) {
-      update_block<decltype(active)::value>(p, slots, scratch[0], count, constants);
-    });
-  }
-
-  // The optimizer over one block with the number of state slots fixed at compile time, so that the
-  // compiler can vectorise the loop.
-  // The constants are copied into a local: through the reference the compiler would have to assume
-  // that the stores to p and the state alias them, reload them every element and give up vectorising.
-  template <int Slots>
-  static void update_block(value_type* p, value_type* const* slots, const value_type* g, std::size_t count,
-                           const constants_type& constants) {
-    const constants_type c = constants;
-    for (std::size_t k = 0; k < count; ++k) {
-      value_type state[Optim::max_state_slots] = {};
-      for (int s = 0; s < Slots; ++s) state[s] = slots[s][k];
-      Optim::update(c, g[k], p[k], state);
-      for (int s = 0; s < Slots; ++s) slots[s][k] = state[s];
-    }
-  }
-
-  template <int Slots, class Body>
-  static void with_slot_count(int active, Body&& body) {
-    if constexpr (Slots >= 0) {
-      if (active == Slots) return body(std::integral_constant<int, Slots>{});
-      with_slot_count<Slots - 1>(active, body);
-    }
+    update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, scratch[0], count, constants);
   }
 
   std::vector<tensor_chunk> chunks_;

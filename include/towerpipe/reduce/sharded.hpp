@@ -47,6 +47,7 @@
 #include "towerpipe/exec/host.hpp"
 #include "towerpipe/pipeline_options.hpp"
 #include "towerpipe/reduce/canonical_order.hpp"
+#include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/reduce/screen.hpp"
 #include "towerpipe/split.hpp"
@@ -164,7 +165,8 @@ class sharded_host_reducer {
     const std::size_t mine = plan_.size(rank_);
     for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(mine, T(0));
     send_.resize(contributions_ * plan_.total());
-    received_.resize(contributions_ * static_cast<std::size_t>(processes_) * mine);
+    // One process receives what it sent and gathers what it updated: it reads them where they are.
+    if (processes_ > 1) received_.resize(contributions_ * static_cast<std::size_t>(processes_) * mine);
     updated_.resize(mine);
     gathered_.resize(plan_.total());
   }
@@ -232,8 +234,8 @@ class sharded_host_reducer {
     exchange_contributions();
     update_slice(towers, constants);
     const auto reduced = std::chrono::steady_clock::now();
-    gather(updated_.data(), "gathering parameters");
-    scatter_parameters(towers);
+    if (processes_ > 1) gather(updated_.data(), "gathering parameters");
+    scatter_parameters(towers, processes_ > 1 ? gathered_.data() : updated_.data());
     stages.reduce = std::chrono::duration<double>(reduced - start).count();
     stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
   }
@@ -324,6 +326,7 @@ class sharded_host_reducer {
   }
 
   void exchange_contributions() {
+    if (processes_ == 1) return;
     std::vector<std::size_t> send_offsets, send_bytes, recv_offsets, recv_bytes;
     const std::size_t mine = plan_.size(rank_);
     for (int r = 0; r < processes_; ++r) {
@@ -339,6 +342,7 @@ class sharded_host_reducer {
   // The owner's slice: the canonical sum over what arrived, then the optimizer, into updated_.
   void update_slice(host_towers<Layout>& towers, const constants_type& constants) {
     const std::size_t lo = plan_.first(rank_), mine = plan_.size(rank_);
+    const T* arrived = processes_ > 1 ? received_.data() : send_.data();
     in_parallel(towers, lo, lo + mine, [&](std::size_t begin_flat, std::size_t end_flat) {
       plan_.for_each_piece(begin_flat, end_flat, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
         const T* parameters = towers.shared_parameters().data(v) + first;
@@ -350,7 +354,7 @@ class sharded_host_reducer {
           canonical_tree_reduce(
               static_cast<int>(leaves),
               [&](int leaf, int slot) {
-                const T* x = received_.data() + static_cast<std::size_t>(leaf) * mine + j;
+                const T* x = arrived + static_cast<std::size_t>(leaf) * mine + j;
                 if (partials_) {
                   std::copy(x, x + n, scratch[slot]);
                 } else {
@@ -361,14 +365,11 @@ class sharded_host_reducer {
               [&](int left, int right) {
                 for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
               });
-          for (std::size_t k = 0; k < n; ++k) {
-            T state[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
-            for (std::size_t s = 0; s < state_.size(); ++s) state[s] = state_[s][j + k];
-            T p = parameters[begin + k];
-            Optim::update(constants, scratch[0][k], p, state);
-            for (std::size_t s = 0; s < state_.size(); ++s) state_[s][j + k] = state[s];
-            updated_[j + k] = p;
-          }
+          T* p = updated_.data() + j;
+          std::copy(parameters + begin, parameters + begin + n, p);
+          T* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
+          for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data() + j;
+          update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, scratch[0], n, constants);
         }
       });
     });
@@ -384,10 +385,11 @@ class sharded_host_reducer {
     group_->all_gather_blocks(reinterpret_cast<const char*>(slice), reinterpret_cast<char*>(gathered_.data()), offsets, bytes, what);
   }
 
-  void scatter_parameters(host_towers<Layout>& towers) {
+  // All of the new parameters (`all`, in flat order) into the towers' shared parameters.
+  void scatter_parameters(host_towers<Layout>& towers, const T* all) {
     in_parallel(towers, 0, plan_.total(), [&](std::size_t lo, std::size_t hi) {
       plan_.for_each_piece(lo, hi, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
-        std::copy(gathered_.data() + flat, gathered_.data() + flat + count, towers.shared_parameters().data(v) + first);
+        std::copy(all + flat, all + flat + count, towers.shared_parameters().data(v) + first);
       });
     });
   }
