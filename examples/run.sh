@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: builds and runs the training program (examples/train.cpp) — an MLP on Fashion-MNIST
-# across host towers. Arguments go to the program (--help lists them). Installs what it needs when
+# The main job: builds and runs the training program (examples/train.cpp) — an MLP (or, with --model
+# cnn, the tutorial's CNN) on Fashion-MNIST across host towers. Arguments go to the program (--help
+# lists them). Installs what it needs when
 # missing, the data set (Debian's dataset-fashion-mnist) included; where the data set cannot be
 # installed it says so and trains on a GENERATED data set of the same shape instead.
 set -euo pipefail

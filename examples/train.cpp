@@ -12,6 +12,9 @@
 #include <string>
 
 #include "train_loop.hpp"
+#if defined(TOWERPIPE_EXAMPLES_MPI)
+#include <towerpipe/comm/mpi.hpp>
+#endif
 
 namespace {
 
@@ -25,8 +28,11 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --towers N            towers                                                  [2]
   --devices LIST        GPU ids, tower i on LIST[i % size]          [all visible, round-robin]
   --cpu-towers          host towers even where a GPU is visible
-  --backend NAME        host | device0 | p2p_tree (device backends need GPU towers)
+  --backend NAME        host | sharded (host towers) | device0 | p2p_tree (GPU towers)
                                                    [device0 with GPU towers, else host]
+  --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
+                        --towers host towers in each, --batch-size split over every process's towers
+                        (mpirun -np 4 train --ranks ...; only rank 0 prints)
   --optimizer NAME      sgd | momentum (sgd, momentum 0.9) | adam | adamw       [adam]
   --layout NAME         flat | per_variable                                      [flat]
   --epochs N            passes over the training set                            [15]
@@ -63,7 +69,7 @@ std::size_t positive(const std::string& flag, const std::string& value) {
 
 options parse(int argc, char** argv) {
   options o;
-  const std::vector<std::string> switches{"--resume", "--cpu-towers", "--compare-backends"};
+  const std::vector<std::string> switches{"--resume", "--cpu-towers", "--compare-backends", "--ranks"};
   const std::vector<std::string> valued{"--model", "--towers", "--devices", "--backend", "--optimizer", "--layout", "--epochs",
                                         "--batch-size", "--log-every", "--generated", "--seed", "--timeline",
                                         "--metrics", "--checkpoint", "--data", "--lr"};
@@ -87,7 +93,10 @@ options parse(int argc, char** argv) {
     o.given.push_back(flag);
     if (known(switches, flag)) {
       if (inline_value) throw usage_error(flag + " takes no value");
-      (flag == "--resume" ? o.resume : flag == "--cpu-towers" ? o.cpu_towers : o.compare_backends) = true;
+      (flag == "--resume"       ? o.resume
+       : flag == "--cpu-towers" ? o.cpu_towers
+       : flag == "--ranks"      ? o.ranks
+                                : o.compare_backends) = true;
       continue;
     }
     if (!inline_value) {
@@ -137,6 +146,15 @@ options parse(int argc, char** argv) {
     for (const char* a : allowed) list += std::string(list.empty() ? "" : " | ") + a;
     throw usage_error(flag + " '" + value + "' is not one of " + list);
   };
+  if (o.ranks) {
+#if !defined(TOWERPIPE_EXAMPLES_MPI)
+    throw usage_error("--ranks needs MPI, which this build of the program lacks (Debian: libopenmpi-dev)");
+#endif
+    if (o.compare_backends) throw usage_error("--ranks runs one training: it takes no --compare-backends");
+    if (!o.backend.empty() && o.backend != "sharded") throw usage_error("--ranks trains with --backend sharded, not " + o.backend);
+    o.backend = "sharded";
+    o.cpu_towers = true;  // reduce::sharded takes host towers for now
+  }
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   o.gpu_towers = !o.cpu_towers && visible_gpus() > 0;
 #endif
@@ -147,7 +165,7 @@ options parse(int argc, char** argv) {
   }
   if (o.backend.empty()) o.backend = o.gpu_towers ? "device0" : "host";
   one_of("--model", o.model, {"mlp", "cnn"});
-  one_of("--backend", o.backend, {"host", "device0", "p2p_tree"});
+  one_of("--backend", o.backend, {"host", "sharded", "device0", "p2p_tree"});
   one_of("--optimizer", o.optimizer, {"sgd", "momentum", "adam", "adamw"});
   one_of("--layout", o.layout, {"flat", "per_variable"});
   const char* why_no_gpu = o.cpu_towers ? "--cpu-towers was given"
@@ -156,7 +174,9 @@ options parse(int argc, char** argv) {
 #else
                                         : "this build of the program has no CUDA";
 #endif
-  if (o.backend != "host" && !o.gpu_towers)
+  if (o.backend == "sharded" && o.gpu_towers)
+    throw usage_error("--backend sharded takes host towers for now: add --cpu-towers");
+  if (o.backend != "host" && o.backend != "sharded" && !o.gpu_towers)
     throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
   if (!o.devices.empty() && !o.gpu_towers) throw usage_error(std::string("--devices needs GPU towers, and ") + why_no_gpu);
 #if !defined(TOWERPIPE_EXAMPLES_CUDNN)
@@ -170,6 +190,7 @@ options parse(int argc, char** argv) {
 
 template <class Optim, class Layout>
 run_result with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+  if (o.backend == "sharded") return train<exec::host, reduce::sharded, Optim, Layout>(o, data, h);
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   if (o.gpu_towers) return train_on_gpus<Optim, Layout>(o, data, h);
 #endif
@@ -203,7 +224,7 @@ run_result dispatch(const options& o, const image_dataset& data) {
 // tutorial's finding — the CPU parameter server against GPU:0 — reproduced and measured.
 int compare_backends(const options& given, const image_dataset& data) {
   const std::vector<std::string> backends =
-      given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree"} : std::vector<std::string>{"host"};
+      given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree"} : std::vector<std::string>{"host", "sharded"};
   const std::vector<std::string> layouts =
       given.was_given("--layout") ? std::vector<std::string>{given.layout} : std::vector<std::string>{"flat", "per_variable"};
   std::vector<run_result> results;
@@ -237,9 +258,43 @@ int compare_backends(const options& given, const image_dataset& data) {
 
 }  // namespace
 
+// --ranks: MPI for the program's lifetime, the process group, and stdout on rank 0 only.
+struct processes_scope {
+  explicit processes_scope(options& o, int& argc, char**& argv) {
+#if defined(TOWERPIPE_EXAMPLES_MPI)
+    if (!o.ranks) return;
+    MPI_Init(&argc, &argv);
+    active = true;
+    auto group = std::make_shared<towerpipe::mpi_process_group>(MPI_COMM_WORLD);
+    o.rank = group->rank();
+    o.processes = group->size();
+    o.group = group;
+    if (o.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) throw std::runtime_error("cannot silence stdout");
+#else
+    (void)o, (void)argc, (void)argv;
+#endif
+  }
+  ~processes_scope() {
+#if defined(TOWERPIPE_EXAMPLES_MPI)
+    if (active) MPI_Finalize();
+#endif
+  }
+  // After an error a process may have left the others inside a collective: end them all.
+  void abort_all(int status) const {
+#if defined(TOWERPIPE_EXAMPLES_MPI)
+    if (active) MPI_Abort(MPI_COMM_WORLD, status);
+#else
+    (void)status;
+#endif
+  }
+  bool active = false;
+};
+
 int main(int argc, char** argv) {
+  std::unique_ptr<processes_scope> processes;
   try {
-    const options o = parse(argc, argv);
+    options o = parse(argc, argv);
+    processes = std::make_unique<processes_scope>(o, argc, argv);
     towerpipe_examples::use_single_threaded_gemm();
     const image_dataset data = o.generated > 0
                                    ? towerpipe_examples::generate_clusters(o.generated, std::max<std::size_t>(o.generated / 5, 100),
@@ -253,6 +308,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: %s\n", e.what());
+    if (processes) processes->abort_all(1);
     return 1;
   }
 }

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -39,6 +40,10 @@ struct options {
   std::uint64_t seed = 1;
   std::string timeline_path, metrics_path, checkpoint_dir, data_dir = "/usr/share/datasets/fashion-mnist";
   bool resume = false, compare_backends = false;
+  // --ranks: this process is rank `rank` of `processes` started by mpirun (reduce::sharded over group).
+  bool ranks = false;
+  int rank = 0, processes = 1;
+  std::shared_ptr<towerpipe::process_group> group;
   std::vector<std::string> given;  // the flags on the command line, to tell defaults apart in messages
   bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
 };
@@ -169,6 +174,10 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   pipeline_options pipeline_opts;
   pipeline_opts.devices = o.devices;
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
+  if constexpr (std::is_same_v<Reduce, reduce::sharded>) {
+    pipeline_opts.processes = o.group;
+    pipeline_opts.on_nonfinite = nonfinite_policy::unchecked;  // reduce::sharded takes no checked steps yet
+  }
   trainer p(model.variables(), model.input_specs(), o.towers, h, pipeline_opts);
   std::uint64_t init_seed = o.seed;
   p.initialize([&](const variable& v, tensor_view<float> values) { model.initialize(v, values, init_seed); });
@@ -199,24 +208,32 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   }
   std::printf("data: %s: %zu training, %zu test examples\n", data.description.c_str(), data.train.examples(),
               data.test.examples());
-  std::printf("model: %s, %zu parameters; %zu %s towers, reduce::%s, %s, layout::%s, batch %zu, lr %g\n",
+  std::printf("model: %s, %zu parameters; %zu %s towers%s, reduce::%s, %s, layout::%s, batch %zu, lr %g\n",
               model.describe().c_str(), p.variables().total_size(), p.towers(),
-              std::is_same_v<Exec, exec::host> ? "host" : "GPU", Reduce::name, o.optimizer.c_str(), Layout::name,
-              o.batch_size, o.lr);
+              std::is_same_v<Exec, exec::host> ? "host" : "GPU",
+              o.processes > 1 ? (" in each of " + std::to_string(o.processes) + " processes").c_str() : "", Reduce::name,
+              o.optimizer.c_str(), Layout::name, o.batch_size, o.lr);
 
   const std::size_t features = data.train.features;
+  // With several processes each stages its towers' part of the batch: global towers are rank-major, and
+  // the batch splits over all of them as it would in one process.
+  const std::vector<shard> global_split = plan_split(o.batch_size, o.towers * static_cast<std::size_t>(o.processes),
+                                                     split_policy::weighted);
+  const std::size_t local_first = global_split[static_cast<std::size_t>(o.rank) * o.towers].first;
+  std::size_t local_examples = 0;
+  for (std::size_t t = 0; t < o.towers; ++t) local_examples += global_split[static_cast<std::size_t>(o.rank) * o.towers + t].examples;
   batch_buffers buffers;
   const auto stage_batch = [&](const std::vector<std::size_t>& order, std::size_t b, int slot) {
-    buffers.images[slot].resize(o.batch_size * features);
-    buffers.labels[slot].resize(o.batch_size);
-    for (std::size_t e = 0; e < o.batch_size; ++e) {
-      const std::size_t example = order[b * o.batch_size + e];
+    buffers.images[slot].resize(local_examples * features);
+    buffers.labels[slot].resize(local_examples);
+    for (std::size_t e = 0; e < local_examples; ++e) {
+      const std::size_t example = order[b * o.batch_size + local_first + e];
       std::copy_n(data.train.images.data() + example * features, features, buffers.images[slot].data() + e * features);
       buffers.labels[slot][e] = data.train.labels[example];
     }
     towerpipe::batch next;
-    next.add("image", buffers.images[slot].data(), o.batch_size, {features});
-    next.add("label", buffers.labels[slot].data(), o.batch_size, {});
+    next.add("image", buffers.images[slot].data(), local_examples, {features});
+    next.add("label", buffers.labels[slot].data(), local_examples, {});
     p.stage(next);
   };
   tower_program<Exec> program(model, o);
@@ -278,7 +295,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
                 epoch_times.seconds[epoch_times.seconds.size() / 2] * 1e3, epoch_times.seconds.back() * 1e3);
     if (metrics.is_open()) metrics << p.steps_done() << "," << epoch + 1 << ",,,," << accuracy << "\n";
     if (!o.checkpoint_dir.empty()) {
-      save_checkpoint(p, checkpoint);
+      save_checkpoint(p, checkpoint, o.rank == 0);  // every process helps gather a sharded optimizer state
       std::printf("checkpoint: %s (step %lld)\n", checkpoint.c_str(), static_cast<long long>(p.steps_done()));
     }
     std::fflush(stdout);

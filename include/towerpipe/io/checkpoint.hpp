@@ -166,9 +166,13 @@ std::string checkpoint_bytes(const Pipeline& pipeline) {
 
 }  // namespace detail
 
+// With reduce::sharded over several processes, saving is collective (each process holds a slice of the
+// optimizer state): every process calls it, and those given this_process_writes = false only help
+// gather (e.g. all but rank 0, where the processes share a file system).
 template <class Pipeline>
-void save_checkpoint(const Pipeline& pipeline, const std::string& path) {
-  detail::write_file_atomically(path, detail::checkpoint_bytes(pipeline));
+void save_checkpoint(const Pipeline& pipeline, const std::string& path, bool this_process_writes = true) {
+  const std::string bytes = detail::checkpoint_bytes(pipeline);
+  if (this_process_writes) detail::write_file_atomically(path, bytes);
 }
 
 namespace detail {
