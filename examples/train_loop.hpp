@@ -174,10 +174,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   pipeline_options pipeline_opts;
   pipeline_opts.devices = o.devices;
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
-  if constexpr (std::is_same_v<Reduce, reduce::sharded>) {
-    pipeline_opts.processes = o.group;
-    pipeline_opts.on_nonfinite = nonfinite_policy::unchecked;  // reduce::sharded takes no checked steps yet
-  }
+  if constexpr (std::is_same_v<Reduce, reduce::sharded>) pipeline_opts.processes = o.group;
   trainer p(model.variables(), model.input_specs(), o.towers, h, pipeline_opts);
   std::uint64_t init_seed = o.seed;
   p.initialize([&](const variable& v, tensor_view<float> values) { model.initialize(v, values, init_seed); });

@@ -1,10 +1,13 @@
-// reduce::sharded in one process (no pipeline_options::processes): bitwise reduce::host, its
-// optimizer state whole, and what it refuses. Across processes: tests/mpi/ (ctest mpi.*).
+// reduce::sharded in one process (no pipeline_options::processes): bitwise reduce::host — its
+// parameters, optimizer state, and on checked steps the norm, the clipping and the skipped step's
+// report. Across processes: tests/mpi/ (ctest mpi.*).
 
 #include <catch2/catch.hpp>
 
 #include <towerpipe/towerpipe.hpp>
 
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "test_support.hpp"
@@ -23,7 +26,10 @@ variable_set awkward_variables() {
   return v;
 }
 
-// Each tower's gradient: a fixed function of the tower, the step's batch and the parameters.
+// Each tower's gradient: a fixed function of the tower, the step's batch and the parameters; in the
+// step `poisoned_step` (counting from 0), tower 1 writes a NaN into element 40 of "tail".
+int poisoned_step = -1;
+bool poison_this_step = false;
 template <class Context>
 double tower_gradient(Context& tower) {
   const auto x = tower.template input<float>("x");
@@ -35,13 +41,19 @@ double tower_gradient(Context& tower) {
     auto g = tower.gradient(v);
     for (std::size_t i = 0; i < g.size(); ++i) g.data()[i] = 0.5f * p.data()[i] + mean * static_cast<float>(i % 7);
   }
+  if (poison_this_step && tower.tower() == 1) tower.gradient(2).data()[40] = std::nanf("");
   return static_cast<double>(mean);
 }
 
-template <class Layout, class Optim>
-void same_as_reduce_host(std::size_t towers, const typename Optim::hyper_parameters& h) {
+pipeline_options unchecked() {
   pipeline_options options;
   options.on_nonfinite = nonfinite_policy::unchecked;
+  return options;
+}
+
+template <class Layout, class Optim>
+void same_as_reduce_host(std::size_t towers, const typename Optim::hyper_parameters& h,
+                         const pipeline_options& options = unchecked()) {
   pipeline<exec::host, reduce::host, Optim, Layout> host(awkward_variables(), {{"x", dtype::float32, {1}}}, towers, h, options);
   pipeline<exec::host, reduce::sharded, Optim, Layout> sharded(awkward_variables(), {{"x", dtype::float32, {1}}}, towers, h,
                                                                options);
@@ -56,11 +68,27 @@ void same_as_reduce_host(std::size_t towers, const typename Optim::hyper_paramet
     const std::vector<float> x = random.normal(4 * towers + 1);  // uneven
     batch b;
     b.add("x", x.data(), x.size(), {1});
+    poison_this_step = step == poisoned_step;
     const step_stats a = host.step(b, [](auto& tower) { return tower_gradient(tower); });
     const step_stats s = sharded.step(b, [](auto& tower) { return tower_gradient(tower); });
     CHECK(a.loss == s.loss);
     CHECK(a.examples == s.examples);
+    CHECK(a.skipped == s.skipped);
+    CHECK(a.accumulating == s.accumulating);
+    // The norm of a step with a NaN is NaN in both: compare bits.
+    REQUIRE(a.gradient_norm.has_value() == s.gradient_norm.has_value());
+    if (a.gradient_norm) CHECK(std::memcmp(&*a.gradient_norm, &*s.gradient_norm, sizeof(double)) == 0);
+    CHECK(a.clip_coefficient == s.clip_coefficient);
+    CHECK(a.loss_scale == s.loss_scale);
+    CHECK(s.nonfinite.has_value() == poison_this_step);  // the NaN is seen (in the poisoned step, the end of a window)
+    REQUIRE(a.nonfinite.has_value() == s.nonfinite.has_value());
+    if (a.nonfinite) {
+      CHECK(a.nonfinite->variable == s.nonfinite->variable);
+      CHECK(a.nonfinite->element == s.nonfinite->element);
+      CHECK(a.nonfinite->tower == s.nonfinite->tower);
+    }
   }
+  CHECK(host.steps_done() == sharded.steps_done());
   for (std::size_t v = 0; v < 3; ++v) {
     INFO("variable " << v);
     CHECK(first_bitwise_difference(host.parameter(v), sharded.parameter(v)) == -1);
@@ -84,12 +112,25 @@ TEST_CASE("reduce::sharded in one process equals reduce::host bitwise", "[sharde
   }
 }
 
-TEST_CASE("reduce::sharded refuses checked steps, naming the option", "[sharded][errors]") {
-  pipeline_options options;  // on_nonfinite = skip: a checked step
-  using sharded = pipeline<exec::host, reduce::sharded, optim::adam, layout::flat<float>>;
-  CHECK_THROWS_WITH((sharded(awkward_variables(), {{"x", dtype::float32, {1}}}, 2, {}, options)),
-                    Catch::Contains("reduce::sharded does not take checked steps yet") &&
-                        Catch::Contains("on_nonfinite = nonfinite_policy::unchecked"));
+TEST_CASE("reduce::sharded in one process takes checked steps as reduce::host does", "[sharded][checked]") {
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  pipeline_options skip_and_clip;  // on_nonfinite = skip
+  skip_and_clip.max_grad_norm = 0.5;
+  pipeline_options accumulate = skip_and_clip;
+  accumulate.accumulation_steps = 2;
+  pipeline_options scaled;
+  scaled.loss_scale.mode = loss_scale_mode::dynamic;
+  for (int poisoned : {-1, 1}) {  // the second step: tower 1's NaN makes it skipped, and named
+    poisoned_step = poisoned;
+    for (std::size_t towers : {2, 3}) {
+      INFO(towers << " towers, NaN at step " << poisoned);
+      same_as_reduce_host<layout::flat<float>, optim::adam>(towers, adam, skip_and_clip);
+      same_as_reduce_host<layout::per_variable<float>, optim::adam>(towers, adam, accumulate);
+      same_as_reduce_host<layout::flat<float>, optim::adam>(towers, adam, scaled);
+    }
+  }
+  poisoned_step = -1;
 }
 
 TEST_CASE("optimizers describe their hyper-parameters exactly", "[sharded][optimizers]") {

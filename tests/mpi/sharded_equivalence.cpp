@@ -3,7 +3,8 @@
 //   equal L      every process runs L host towers; after every step the parameters and the optimizer
 //                state equal, bit for bit, those of one process with all R * L towers on the whole
 //                batch (computed here on every process) — for SGD with momentum, Adam and AdamW, both
-//                layouts, even and uneven batches; a checkpoint written by R processes continues in one
+//                layouts, even and uneven batches, unchecked steps and checked ones (clipping, and a
+//                NaN skipped and named alike); a checkpoint written by R processes continues in one
 //                process, and one written by one process continues in R, bitwise.
 //   mismatch     the last process declares a variable of another shape: every process fails at
 //                construction with the same message naming that rank, the variable and both shapes.
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,8 +44,9 @@ void check(bool ok, const std::string& what) {
 constexpr std::size_t features = 7, targets = 5;
 
 // A linear model with a scale vector: loss = mean over examples of 0.5 * |W x + b - y|^2 +
-// 0.5 * sum_k (scale_k * x_0)^2; three variables of awkward sizes, so that slices cut through them.
-variable_set model_variables(std::size_t scale_size = 11) {
+// 0.5 * sum_k (scale_k * x_0)^2; three variables of awkward sizes, so that the slices (which start where
+// 2048-element screen tiles start) cut through "scale" and leave partial tiles.
+variable_set model_variables(std::size_t scale_size = 9000) {
   variable_set v;
   v.add("w", {targets, features});
   v.add("b", {targets});
@@ -54,8 +57,9 @@ std::vector<input_spec> model_inputs() {
   return {{"x", dtype::float32, {features}}, {"y", dtype::float32, {targets}}};
 }
 
+// poison: write a NaN into element 3 of "scale" (a checked step must skip, naming this tower).
 template <class Context>
-double linear_tower(Context& tower) {
+double linear_tower(Context& tower, bool poison = false) {
   const auto x = tower.template input<float>("x");
   const auto y = tower.template input<float>("y");
   const auto w = tower.parameter(0), b = tower.parameter(1), scale = tower.parameter(2);
@@ -81,6 +85,7 @@ double linear_tower(Context& tower) {
   for (std::size_t i = 0; i < dw.size(); ++i) gw.data()[i] = static_cast<float>(dw[i] / n);
   for (std::size_t i = 0; i < db.size(); ++i) gb.data()[i] = static_cast<float>(db[i] / n);
   for (std::size_t i = 0; i < ds.size(); ++i) gs.data()[i] = static_cast<float>(ds[i] / n);
+  if (poison) gs.data()[3] = std::nanf("");
   return loss / n;
 }
 
@@ -140,12 +145,18 @@ bool same_state(Sharded& sharded, const Single& single) {
   return same;
 }
 
+// checked: the default checked step with clipping, and at step 2 a NaN from the last tower of the last
+// process, which both pipelines must skip and name alike.
 template <class Optim, class Layout>
-void equal_to_one_process(std::size_t local_towers, const typename Optim::hyper_parameters& h, bool uneven,
+void equal_to_one_process(std::size_t local_towers, const typename Optim::hyper_parameters& h, bool uneven, bool checked,
                           const std::shared_ptr<process_group>& group) {
   const std::size_t towers = local_towers * static_cast<std::size_t>(processes);
   pipeline_options single_options, sharded_options;
-  single_options.on_nonfinite = sharded_options.on_nonfinite = nonfinite_policy::unchecked;
+  if (checked) {
+    single_options.max_grad_norm = sharded_options.max_grad_norm = 0.05;
+  } else {
+    single_options.on_nonfinite = sharded_options.on_nonfinite = nonfinite_policy::unchecked;
+  }
   single_options.host_threads = sharded_options.host_threads = 2;
   sharded_options.processes = group;
   using single_type = pipeline<exec::host, reduce::host, Optim, Layout>;
@@ -154,25 +165,44 @@ void equal_to_one_process(std::size_t local_towers, const typename Optim::hyper_
   auto sharded = std::make_unique<sharded_type>(model_variables(), model_inputs(), local_towers, h, sharded_options);
   initialize(single);
   initialize(*sharded);
-  const std::string name = std::string(Optim::name) + ", " + Layout::name + (uneven ? ", uneven" : ", even") + ", " +
-                           std::to_string(local_towers) + " towers per process";
+  const std::string name = std::string(Optim::name) + ", " + Layout::name + (uneven ? ", uneven" : ", even") +
+                           (checked ? ", checked" : "") + ", " + std::to_string(local_towers) + " towers per process";
+  const int poisoned_step = checked ? 2 : -1;
 
   // A step of the whole batch in one process, and of this process's part of it in the sharded pipeline.
   const auto examples = 3 * towers + (uneven ? towers / 2 + 1 : 0);
   const auto step_one = [&](auto& one, int step) {
-    return one.step(global_batch(step, examples).slice(0, examples), [](auto& tower) { return linear_tower(tower); });
+    return one.step(global_batch(step, examples).slice(0, examples), [&](auto& tower) {
+      return linear_tower(tower, step == poisoned_step && tower.tower() == towers - 1);
+    });
   };
   const auto step_sharded = [&](auto& many, int step) {
     const std::vector<shard> shards = plan_split(examples, towers, split_policy::weighted);
     const std::size_t first = shards[static_cast<std::size_t>(rank) * local_towers].first;
     std::size_t count = 0;
     for (std::size_t t = 0; t < local_towers; ++t) count += shards[static_cast<std::size_t>(rank) * local_towers + t].examples;
-    return many.step(global_batch(step, examples).slice(first, count), [](auto& tower) { return linear_tower(tower); });
+    return many.step(global_batch(step, examples).slice(first, count), [&](auto& tower) {
+      return linear_tower(tower, step == poisoned_step && rank == processes - 1 && tower.tower() == local_towers - 1);
+    });
   };
   const auto step_both = [&](auto& one, auto& many, int step) {
     const step_stats a = step_one(one, step), b = step_sharded(many, step);
     check(b.examples == examples, name + ": the step counts every process's examples");
     check(std::abs(a.loss - b.loss) <= 1e-12 * std::abs(a.loss), name + ": the loss is the mean over every process");
+    const std::string at = name + ": step " + std::to_string(step) + ": ";
+    check(a.skipped == b.skipped && a.skipped == (step == poisoned_step), at + "skipped differently");
+    check(a.nonfinite.has_value() == b.nonfinite.has_value() &&
+              (!a.nonfinite || (a.nonfinite->variable == b.nonfinite->variable && a.nonfinite->element == b.nonfinite->element &&
+                                a.nonfinite->tower == b.nonfinite->tower)),
+          at + "the non-finite value is reported differently");
+    const auto bits = [](const std::optional<double>& x) {
+      std::uint64_t value = 0;
+      if (x) std::memcpy(&value, &*x, sizeof value);
+      return value;
+    };
+    check(a.gradient_norm.has_value() == b.gradient_norm.has_value() && bits(a.gradient_norm) == bits(b.gradient_norm) &&
+              a.clip_coefficient == b.clip_coefficient,
+          at + "the norm or the clipping differs");
   };
 
   std::size_t differing = 0;
@@ -215,9 +245,11 @@ void every_optimizer(std::size_t local_towers, const std::shared_ptr<process_gro
   optim::adamw::hyper_parameters adamw;
   adamw.lr = 0.01;
   for (bool uneven : {false, true}) {
-    equal_to_one_process<optim::sgd, Layout>(local_towers, sgd, uneven, group);
-    equal_to_one_process<optim::adam, Layout>(local_towers, adam, uneven, group);
-    equal_to_one_process<optim::adamw, Layout>(local_towers, adamw, uneven, group);
+    for (bool checked : {false, true}) {
+      equal_to_one_process<optim::sgd, Layout>(local_towers, sgd, uneven, checked, group);
+      equal_to_one_process<optim::adam, Layout>(local_towers, adam, uneven, checked, group);
+      equal_to_one_process<optim::adamw, Layout>(local_towers, adamw, uneven, checked, group);
+    }
   }
 }
 
@@ -228,12 +260,12 @@ void mismatch(const std::shared_ptr<process_group>& group) {
   options.processes = group;
   const bool odd_one = rank == processes - 1;
   try {
-    pipeline<exec::host, reduce::sharded, optim::adam, layout::flat<float>> p(model_variables(odd_one ? 12 : 11),
+    pipeline<exec::host, reduce::sharded, optim::adam, layout::flat<float>> p(model_variables(odd_one ? 9001 : 9000),
                                                                                 model_inputs(), 1, {}, options);
     check(false, "a process with another variable shape was accepted");
   } catch (const towerpipe::error& e) {
     const std::string expected = "the processes differ before the first step: rank " + std::to_string(processes - 1) +
-                                 " has 'variable 2: 'scale' [12]' where rank 0 has 'variable 2: 'scale' [11]'";
+                                 " has 'variable 2: 'scale' [9001]' where rank 0 has 'variable 2: 'scale' [9000]'";
     check(std::string(e.what()).find(expected) != std::string::npos, std::string("unexpected message: ") + e.what());
     std::printf("rank %d: refused as expected: %s\n", rank, e.what());
   }

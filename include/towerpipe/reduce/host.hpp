@@ -68,6 +68,66 @@ void update_host_block(int active, T* p, T* const* slots, const T* g, std::size_
   });
 }
 
+// The sum of squares of a screen tile's `count` values (reduce/screen.hpp) in the lane order the device
+// follows: lane j takes elements 128 row + 4 j + l, row outer, l inner — 32 independent chains, in memory
+// order, added pairwise at the end.
+template <class T>
+double tile_sum_of_squares(const T* x, unsigned count) {
+  double sums[screen_lanes] = {};
+  const unsigned row_elements = screen_lanes * screen_group;
+  const unsigned full_rows = count / row_elements;
+  for (unsigned row = 0; row < full_rows; ++row, x += row_elements) {
+    for (unsigned j = 0; j < screen_lanes; ++j) {
+      for (unsigned l = 0; l < screen_group; ++l) sums[j] = add_square(sums[j], x[j * screen_group + l]);
+    }
+  }
+  for (unsigned index = 0; index < count - full_rows * row_elements; ++index)
+    sums[index / screen_group] = add_square(sums[index / screen_group], x[index]);
+  return pairwise_lane_sum(sums);
+}
+
+// 1 for an infinity or a NaN (the exponent's bits all set), else 0: an integer, so that OR-ing it over
+// a block vectorises (a floating-point test would need the comparisons kept in order).
+template <class T>
+unsigned exponent_all_ones(T x) {
+  if constexpr (sizeof(T) == 4) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return (bits & 0x7F800000u) == 0x7F800000u;
+  } else {
+    std::uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return (bits & 0x7FF0000000000000ull) == 0x7FF0000000000000ull;
+  }
+}
+
+// The key of the first non-finite value of values[0, count), which are elements at, at + 1, ... of the
+// variable, as seen in `tower`; no_nonfinite when all are finite.
+template <class Master, class U>
+nonfinite_key first_nonfinite_in(const U* values, unsigned count, int variable, unsigned at, unsigned tower) {
+  for (unsigned k = 0; k < count; ++k) {
+    if (!is_finite_value(widen<Master>(values[k]))) return make_nonfinite_key(variable, at + k, tower);
+  }
+  return no_nonfinite;
+}
+
+// A screen's average from the towers' canonical sum, in accumulating_source's order (reduce/screen.hpp):
+// micro_weight * sum, + the running sum already in out, * inverse_total. Returns 1 if any result is
+// not finite, else 0.
+template <class T>
+unsigned accumulate_average(const accumulation<T>& step, const T* sum, T* out, std::size_t count) {
+  const accumulation<T> s = step;
+  unsigned bad = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    T x = rounded_mul(s.micro_weight, sum[k]);
+    if (!s.first) x = rounded_add(out[k], x);
+    if (s.last) x = rounded_mul(s.inverse_total, x);
+    out[k] = x;
+    bad |= exponent_all_ones(x);
+  }
+  return bad;
+}
+
 // The optimizer state in host memory and the fused pass over any range of the chunk table; shared by
 // reduce::host for host towers and for GPU towers.
 // Mixed precision (a bf16 or fp16 layout): the state and the average are in the master type, the
@@ -181,60 +241,16 @@ class host_optimizer_pass {
               bad |= exponent_all_ones(x);
               scratch[slot][k] = rounded_mul(w, x);
             }
-            if (bad != 0) first = std::min(first, first_nonfinite_in(g, count, tile.variable, at, static_cast<unsigned>(tower)));
+            if (bad != 0) first = std::min(first, first_nonfinite_in<value_type>(g, count, tile.variable, at, static_cast<unsigned>(tower)));
           },
           [&](int left, int right) {
             for (unsigned k = 0; k < count; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
           });
-      // accumulating_source's order: micro_weight * average, + the running sum, * inverse_total.
       value_type* o = out + at;
-      const accumulation<value_type> s = step;
-      unsigned bad = 0;
-      for (unsigned k = 0; k < count; ++k) {
-        value_type x = rounded_mul(s.micro_weight, scratch[0][k]);
-        if (!s.first) x = rounded_add(o[k], x);
-        if (s.last) x = rounded_mul(s.inverse_total, x);
-        o[k] = x;
-        bad |= exponent_all_ones(x);
-      }
-      if (bad != 0) first = std::min(first, first_nonfinite_in(o, count, tile.variable, at, nonfinite_sum_tower));
+      const unsigned bad = accumulate_average(step, scratch[0], o, count);
+      if (bad != 0) first = std::min(first, first_nonfinite_in<value_type>(o, count, tile.variable, at, nonfinite_sum_tower));
     }
-    // The squares in the lane order: lane j takes 128 row + 4 j + l, row outer, l inner.
-    // 32 independent chains, in memory order; a tile's tail only in partial tiles.
-    double sums[screen_lanes] = {};
-    const value_type* x = out + tile.first;
-    const unsigned row_elements = screen_lanes * screen_group;
-    const unsigned full_rows = tile.count / row_elements;
-    for (unsigned row = 0; row < full_rows; ++row, x += row_elements) {
-      for (unsigned j = 0; j < screen_lanes; ++j) {
-        for (unsigned l = 0; l < screen_group; ++l) sums[j] = add_square(sums[j], x[j * screen_group + l]);
-      }
-    }
-    for (unsigned index = 0; index < tile.count - full_rows * row_elements; ++index)
-      sums[index / screen_group] = add_square(sums[index / screen_group], x[index]);
-    return {pairwise_lane_sum(sums), first};
-  }
-
-  // 1 for an infinity or a NaN (the exponent's bits all set), else 0: an integer, so that OR-ing it over
-  // a block vectorises (a floating-point test would need the comparisons kept in order).
-  static unsigned exponent_all_ones(value_type x) {
-    if constexpr (sizeof(value_type) == 4) {
-      std::uint32_t bits;
-      std::memcpy(&bits, &x, sizeof bits);
-      return (bits & 0x7F800000u) == 0x7F800000u;
-    } else {
-      std::uint64_t bits;
-      std::memcpy(&bits, &x, sizeof bits);
-      return (bits & 0x7FF0000000000000ull) == 0x7FF0000000000000ull;
-    }
-  }
-
-  template <class U>
-  static nonfinite_key first_nonfinite_in(const U* values, unsigned count, int variable, unsigned at, unsigned tower) {
-    for (unsigned k = 0; k < count; ++k) {
-      if (!is_finite_value(widen<value_type>(values[k]))) return make_nonfinite_key(variable, at + k, tower);
-    }
-    return no_nonfinite;
+    return {tile_sum_of_squares(out + tile.first, tile.count), first};
   }
 
   void apply_block(value_type* p, std::size_t variable, std::size_t first, std::size_t count,

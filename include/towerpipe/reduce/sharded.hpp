@@ -9,8 +9,8 @@
 //      personalised all-to-all). With a power-of-two count L of towers per process, process r's towers
 //      rL ... rL + L - 1 form a subtree of the canonical tree (reduce/canonical_order.hpp), so the
 //      process sends its local canonical sum of w_i * g_i: one partial per process crosses the wire.
-//      With other counts that is not so, and it sends its towers' raw gradients (L times the bytes):
-//      the owner forms w_i * g_i itself.
+//      With other counts that is not so, and it sends each tower's w_i * g_i (L times the bytes): the
+//      owner runs the whole tree.
 //   2. owner: the canonical sum over the leaves it received (the tree's upper levels over the R
 //      partials, or the whole tree over the N = R * L gradients), then the optimizer on its slice with
 //      its slice of the optimizer state (1/R of the memory).
@@ -27,8 +27,13 @@
 // The optimizer state on a process is only its slice: optimizer_state(slot, variable) gathers it (a
 // collective: every process calls it, in the same order — as io/checkpoint.hpp's save does), and
 // set_optimizer_state keeps the part of the slice (no communication), so checkpoints hold whole
-// variables and load with any process count. Not yet: checked steps (non-finite screening, clipping,
-// loss scaling, accumulation) and mixed precision across processes — the constructor says so.
+// variables and load with any process count.
+//
+// Checked steps (reduce/screen.hpp: skipping or throwing on non-finite values, clipping, loss scaling,
+// accumulation): the owners keep their slice of the average and screen it; slices start where screen
+// tiles start, so each tile's sum of squares is computed whole by one owner, and every process gathers
+// all of them and the first non-finite key — the same norm, skip and report as in one process. Not yet:
+// mixed precision across processes.
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +43,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "towerpipe/comm/process_group.hpp"
@@ -88,21 +94,39 @@ class single_process final : public process_group {
 };
 
 // The flat element space (every variable's elements, in variable order) and its slices, one per process.
+// Slices start where screen tiles start (reduce/screen.hpp: 2048 elements from each variable's start), so
+// that every tile's sum of squares is one owner's, computed as one process computes it.
 class slice_plan {
  public:
   slice_plan(const variable_set& variables, int processes) {
     for (const variable& v : variables) {
       variable_start_.push_back(total_);
+      first_tile_.push_back(tiles_);
       total_ += v.size;
+      tiles_ += (v.size + screen_tile_elements - 1) / screen_tile_elements;
     }
     variable_start_.push_back(total_);
+    first_tile_.push_back(tiles_);
     for (int r = 0; r <= processes; ++r)
-      bounds_.push_back(total_ * static_cast<std::size_t>(r) / static_cast<std::size_t>(processes));
+      bounds_.push_back(tile_start_at_or_before(total_ * static_cast<std::size_t>(r) / static_cast<std::size_t>(processes)));
   }
   std::size_t total() const { return total_; }
   std::size_t first(int owner) const { return bounds_[static_cast<std::size_t>(owner)]; }
   std::size_t size(int owner) const { return first(owner + 1) - first(owner); }
   std::size_t variable_start(std::size_t v) const { return variable_start_[v]; }
+  std::size_t tiles() const { return tiles_; }
+  // Tile i: its first flat index and its element count.
+  std::pair<std::size_t, std::size_t> tile(std::size_t i) const {
+    std::size_t v = 0;
+    while (first_tile_[v + 1] <= i) ++v;
+    const std::size_t start = variable_start_[v] + (i - first_tile_[v]) * screen_tile_elements;
+    return {start, std::min(screen_tile_elements, variable_start_[v + 1] - start)};
+  }
+  // The index of the tile that starts at flat index `flat` (a slice's start), or tiles() at the end.
+  std::size_t tile_at(std::size_t flat) const {
+    const std::size_t v = variable_of(flat);
+    return v == variable_start_.size() - 1 ? tiles_ : first_tile_[v] + (flat - variable_start_[v]) / screen_tile_elements;
+  }
 
   // f(variable, first element, count, flat index of that element) for each variable's part of [lo, hi).
   template <class F>
@@ -114,9 +138,21 @@ class slice_plan {
   }
 
  private:
-  std::vector<std::size_t> variable_start_;  // per variable, then the total
-  std::vector<std::size_t> bounds_;          // owner r: [bounds_[r], bounds_[r + 1])
-  std::size_t total_ = 0;
+  // The variable holding flat index `flat` (the variable count at the end).
+  std::size_t variable_of(std::size_t flat) const {
+    std::size_t v = 0;
+    while (v + 1 < variable_start_.size() && flat >= variable_start_[v + 1]) ++v;
+    return flat >= total_ ? variable_start_.size() - 1 : v;
+  }
+  std::size_t tile_start_at_or_before(std::size_t flat) const {
+    if (flat >= total_) return total_;
+    const std::size_t v = variable_of(flat);
+    return variable_start_[v] + (flat - variable_start_[v]) / screen_tile_elements * screen_tile_elements;
+  }
+
+  std::vector<std::size_t> variable_start_, first_tile_;  // per variable, then the totals
+  std::vector<std::size_t> bounds_;                       // owner r: [bounds_[r], bounds_[r + 1])
+  std::size_t total_ = 0, tiles_ = 0;
 };
 
 // What every process compares before the first step, a line each ("key: value").
@@ -145,8 +181,8 @@ class sharded_host_reducer {
   using T = typename Layout::value_type;
   using hyper_parameters = typename Optim::hyper_parameters;
   using constants_type = typename Optim::template step_constants<T>;
-  static constexpr std::size_t block = 256;         // elements per canonical_tree_reduce over scratch rows
-  static constexpr std::size_t work_elements = 1 << 15;  // elements per task on the thread pool
+  static constexpr std::size_t block = 256;              // elements per canonical_tree_reduce over scratch rows
+  static constexpr std::size_t work_elements = 1 << 15;  // elements per task on the thread pool (whole tiles)
 
   sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>& towers,
                        const pipeline_options& options)
@@ -159,9 +195,9 @@ class sharded_host_reducer {
         partials_(is_power_of_two(local_towers_)),
         contributions_(partials_ ? 1 : local_towers_) {
     check_fingerprint(sharded_fingerprint<Optim, Layout>(variables, h, local_towers_, options));
-    if (takes_checked_steps(options, false))
-      fail("reduce::sharded does not take checked steps yet (non-finite screening, clipping, loss scaling, "
-           "accumulation): set pipeline_options::on_nonfinite = nonfinite_policy::unchecked and leave the others off");
+    if (takes_checked_steps(options, false) && local_towers_ * static_cast<std::size_t>(processes_) >= nonfinite_sum_tower)
+      fail("a checked pipeline takes at most ", nonfinite_sum_tower - 1, " towers over all processes, ",
+           local_towers_ * static_cast<std::size_t>(processes_), " requested");
     const std::size_t mine = plan_.size(rank_);
     for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(mine, T(0));
     send_.resize(contributions_ * plan_.total());
@@ -169,17 +205,17 @@ class sharded_host_reducer {
     if (processes_ > 1) received_.resize(contributions_ * static_cast<std::size_t>(processes_) * mine);
     updated_.resize(mine);
     gathered_.resize(plan_.total());
+    if (takes_checked_steps(options, false)) averaged_.resize(mine);
   }
 
   // The processes' shard sizes, rank-major: every tower's weight examples_i / all examples (as
-  // plan_split computes it in one process), kept for the step; returns this process's towers' weights
-  // and sets `examples` to the count over every process.
+  // plan_split computes it in one process); returns this process's towers' weights and sets `examples`
+  // to the count over every process.
   std::vector<double> weights_across_processes(const std::vector<shard>& shards, std::size_t& examples) {
     std::vector<std::uint64_t> mine;
     for (const shard& s : shards) mine.push_back(s.examples);
-    const std::vector<std::string> all = group_->all_gather(mine.data(), mine.size() * sizeof(std::uint64_t), "gathering shard sizes");
     std::vector<std::uint64_t> counts;
-    for (const std::string& bytes : all) {
+    for (const std::string& bytes : group_->all_gather(mine.data(), mine.size() * sizeof(std::uint64_t), "gathering shard sizes")) {
       const std::size_t before = counts.size();
       counts.resize(before + bytes.size() / sizeof(std::uint64_t));
       std::memcpy(counts.data() + before, bytes.data(), bytes.size());
@@ -187,13 +223,9 @@ class sharded_host_reducer {
     std::uint64_t used = 0;
     for (std::uint64_t c : counts) used += c;
     examples = static_cast<std::size_t>(used);
-    weights_.clear();
     std::vector<double> local;
-    for (std::size_t g = 0; g < counts.size(); ++g) {
-      const double w = static_cast<double>(counts[g]) / static_cast<double>(used);
-      weights_.push_back(static_cast<T>(w));
-      if (g / local_towers_ == static_cast<std::size_t>(rank_)) local.push_back(w);
-    }
+    for (std::size_t t = 0; t < local_towers_; ++t)
+      local.push_back(static_cast<double>(counts[static_cast<std::size_t>(rank_) * local_towers_ + t]) / static_cast<double>(used));
     return local;
   }
   // The sum over processes, in rank order (the same bits on every process).
@@ -224,28 +256,66 @@ class sharded_host_reducer {
     });
   }
 
+  // One fused step: contributions to their owners, canonical sum, optimizer, parameters gathered.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
                          stage_seconds& stages) {
-    if (weights_.size() != static_cast<std::size_t>(processes_) * local_towers_)
-      fail("reduce::sharded: a step needs every tower's weight first (weights_across_processes; pipeline::step calls it)");
     const auto start = std::chrono::steady_clock::now();
-    gathered_slot_ = -1;
-    gather_contributions(towers, weights);
-    exchange_contributions();
-    update_slice(towers, constants);
-    const auto reduced = std::chrono::steady_clock::now();
-    if (processes_ > 1) gather(updated_.data(), "gathering parameters");
-    scatter_parameters(towers, processes_ > 1 ? gathered_.data() : updated_.data());
-    stages.reduce = std::chrono::duration<double>(reduced - start).count();
-    stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
+    send_contributions(towers, weights, false);
+    update_slice(towers, constants, [&](std::size_t j, std::size_t n, const T*& sum, T (&scratch)[32][block]) {
+      canonical_sum(j, n, scratch);
+      sum = scratch[0];
+    });
+    finish_step(towers, start, stages);
   }
 
-  // The passes of a checked step, which the constructor refuses for now.
-  screen_partials screen_average(host_towers<Layout>&, const std::vector<T>&, const accumulation<T>&, stage_seconds&) {
-    fail("reduce::sharded does not take checked steps yet");
+  // A checked step, pass 1 (reduce/screen.hpp): contributions to their owners, who keep the canonical
+  // average of their slice (with accumulation: its running sum) and screen it; every process gets every
+  // tile's sum of squares and the first non-finite key — a raw gradient's, found by the process that
+  // has it, or the average's, found by its owner — as one process would compute them.
+  screen_partials screen_average(host_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
+                                 stage_seconds& stages) {
+    if (averaged_.size() != plan_.size(rank_)) fail("reduce::sharded: built for unchecked steps");
+    const auto start = std::chrono::steady_clock::now();
+    const nonfinite_key raw = send_contributions(towers, weights, true);
+    const std::size_t lo = plan_.first(rank_), first_tile = plan_.tile_at(lo);
+    std::vector<double> tile_sums(plan_.tile_at(lo + plan_.size(rank_)) - first_tile);
+    std::vector<nonfinite_key> keys(tasks(lo, lo + plan_.size(rank_)), no_nonfinite);
+    in_parallel(towers, lo, lo + plan_.size(rank_), [&](std::size_t task, std::size_t begin_flat, std::size_t end_flat) {
+      plan_.for_each_piece(begin_flat, end_flat, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
+        T scratch[32][block];
+        for (std::size_t begin = 0; begin < count; begin += block) {
+          const std::size_t n = std::min(block, count - begin), j = flat - lo + begin;
+          canonical_sum(j, n, scratch);
+          if (accumulate_average(step, scratch[0], averaged_.data() + j, n) != 0)
+            keys[task] = std::min(keys[task], first_nonfinite_in<T>(averaged_.data() + j, static_cast<unsigned>(n),
+                                                                    static_cast<int>(v), static_cast<unsigned>(first + begin),
+                                                                    nonfinite_sum_tower));
+        }
+      });
+    });
+    for (const std::exception_ptr& failure : towers.pool().run(tile_sums.size(), [&](std::size_t i) {
+           const auto [flat, count] = plan_.tile(first_tile + i);
+           tile_sums[i] = tile_sum_of_squares(averaged_.data() + (flat - lo), static_cast<unsigned>(count));
+         })) {
+      if (failure) std::rethrow_exception(failure);
+    }
+    nonfinite_key first_key = raw;
+    for (nonfinite_key key : keys) first_key = std::min(first_key, key);
+    screen_partials partials = share_screen(first_key, tile_sums);
+    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return partials;
   }
-  void apply_averaged(host_towers<Layout>&, T, const constants_type&, stage_seconds&) {
-    fail("reduce::sharded does not take checked steps yet");
+
+  // Pass 2: the optimizer on scale * the owner's average, then the parameters gathered.
+  void apply_averaged(host_towers<Layout>& towers, T scale, const constants_type& constants, stage_seconds& stages) {
+    const double screened = stages.reduce;
+    const auto start = std::chrono::steady_clock::now();
+    update_slice(towers, constants, [&](std::size_t j, std::size_t n, const T*& sum, T (&scratch)[32][block]) {
+      for (std::size_t k = 0; k < n; ++k) scratch[0][k] = rounded_mul(scale, averaged_[j + k]);
+      sum = scratch[0];
+    });
+    finish_step(towers, start, stages);
+    stages.reduce += screened;
   }
 
  private:
@@ -270,60 +340,66 @@ class sharded_host_reducer {
     }
   }
 
-  // Runs f(begin, end) over [lo, hi) in tasks of work_elements on the towers' threads.
+  std::size_t tasks(std::size_t lo, std::size_t hi) const { return (hi - lo + work_elements - 1) / work_elements; }
+
+  // Runs f(task, begin, end) over [lo, hi) in tasks of work_elements on the towers' threads.
   template <class F>
   void in_parallel(host_towers<Layout>& towers, std::size_t lo, std::size_t hi, F&& f) {
-    const std::size_t tasks = (hi - lo + work_elements - 1) / work_elements;
-    for (const std::exception_ptr& failure : towers.pool().run(tasks, [&](std::size_t task) {
+    for (const std::exception_ptr& failure : towers.pool().run(tasks(lo, hi), [&](std::size_t task) {
            const std::size_t begin = lo + task * work_elements;
-           f(begin, std::min(hi, begin + work_elements));
+           f(task, begin, std::min(hi, begin + work_elements));
          })) {
       if (failure) std::rethrow_exception(failure);
     }
   }
 
-  // send_: with partials, the local canonical sum in flat order (owner o's slice at its own offset); else
-  // for each owner o, each local tower's gradient over o's slice, tower after tower.
-  void gather_contributions(host_towers<Layout>& towers, const std::vector<T>& weights) {
-    in_parallel(towers, 0, plan_.total(), [&](std::size_t lo, std::size_t hi) {
-      if (partials_) {
-        plan_.for_each_piece(lo, hi, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
-          local_partial(towers, weights, v, first, count, send_.data() + flat);
-        });
-        return;
-      }
+  // Every owner's contributions from this process's towers, then the exchange (see the top): with
+  // partials, the local canonical sum of w_t * g_t in flat order; else, for each owner o, each local
+  // tower's w_t * g_t over o's slice, tower after tower. `screen`: also the first non-finite gradient
+  // value (global tower index), which only the process that holds it can see.
+  nonfinite_key send_contributions(host_towers<Layout>& towers, const std::vector<T>& weights, bool screen) {
+    std::vector<nonfinite_key> keys(tasks(0, plan_.total()), no_nonfinite);
+    in_parallel(towers, 0, plan_.total(), [&](std::size_t task, std::size_t lo, std::size_t hi) {
       for (int owner = 0; owner < processes_; ++owner) {
         const std::size_t start = plan_.first(owner), end = plan_.first(owner + 1);
         T* to_owner = send_.data() + start * contributions_;
         plan_.for_each_piece(std::max(lo, start), std::min(hi, end), [&](std::size_t v, std::size_t first, std::size_t count,
                                                                          std::size_t flat) {
-          for (std::size_t t = 0; t < local_towers_; ++t) {
-            const T* g = towers.gradients(t).data(v) + first;
-            std::copy(g, g + count, to_owner + t * (end - start) + (flat - start));
+          for (std::size_t begin = 0; begin < count; begin += block) {
+            const std::size_t n = std::min(block, count - begin), at = flat - start + begin;
+            T scratch[32][block];
+            canonical_tree_reduce(
+                static_cast<int>(local_towers_),
+                [&](int tower, int slot) {
+                  const auto t = static_cast<std::size_t>(tower);
+                  const T* g = towers.gradients(t).data(v) + first + begin;
+                  T* out = partials_ ? scratch[slot] : to_owner + t * (end - start) + at;
+                  unsigned bad = 0;
+                  for (std::size_t k = 0; k < n; ++k) {
+                    out[k] = rounded_mul(weights[t], g[k]);
+                    bad |= exponent_all_ones(g[k]);
+                  }
+                  if (screen && bad != 0)
+                    keys[task] = std::min(keys[task], first_nonfinite_in<T>(g, static_cast<unsigned>(n), static_cast<int>(v),
+                                                                            static_cast<unsigned>(first + begin),
+                                                                            static_cast<unsigned>(global_tower(t))));
+                },
+                [&](int left, int right) {
+                  if (!partials_) return;  // raw contributions: the owner sums them
+                  for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
+                });
+            if (partials_) std::copy(scratch[0], scratch[0] + n, to_owner + at);
           }
         });
       }
     });
+    exchange_contributions();
+    nonfinite_key first = no_nonfinite;
+    for (nonfinite_key key : keys) first = std::min(first, key);
+    return first;
   }
 
-  void local_partial(host_towers<Layout>& towers, const std::vector<T>& weights, std::size_t v, std::size_t first,
-                     std::size_t count, T* out) const {
-    T scratch[32][block];
-    for (std::size_t begin = 0; begin < count; begin += block) {
-      const std::size_t n = std::min(block, count - begin);
-      canonical_tree_reduce(
-          static_cast<int>(local_towers_),
-          [&](int tower, int slot) {
-            const T* g = towers.gradients(static_cast<std::size_t>(tower)).data(v) + first + begin;
-            const T w = weights[static_cast<std::size_t>(tower)];
-            for (std::size_t k = 0; k < n; ++k) scratch[slot][k] = rounded_mul(w, g[k]);
-          },
-          [&](int left, int right) {
-            for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
-          });
-      std::copy(scratch[0], scratch[0] + n, out + begin);
-    }
-  }
+  std::size_t global_tower(std::size_t local) const { return static_cast<std::size_t>(rank_) * local_towers_ + local; }
 
   void exchange_contributions() {
     if (processes_ == 1) return;
@@ -339,40 +415,72 @@ class sharded_host_reducer {
                        reinterpret_cast<char*>(received_.data()), recv_offsets, recv_bytes, "sending gradients to their owners");
   }
 
-  // The owner's slice: the canonical sum over what arrived, then the optimizer, into updated_.
-  void update_slice(host_towers<Layout>& towers, const constants_type& constants) {
-    const std::size_t lo = plan_.first(rank_), mine = plan_.size(rank_);
+  // Slice elements [j, j + n) of the canonical sum of what arrived — the tree's upper levels over the
+  // processes' partials, or the whole tree over every tower's w_t * g_t — into scratch[0].
+  void canonical_sum(std::size_t j, std::size_t n, T (&scratch)[32][block]) const {
+    const std::size_t mine = plan_.size(rank_);
     const T* arrived = processes_ > 1 ? received_.data() : send_.data();
-    in_parallel(towers, lo, lo + mine, [&](std::size_t begin_flat, std::size_t end_flat) {
+    const std::size_t leaves = static_cast<std::size_t>(processes_) * contributions_;
+    canonical_tree_reduce(
+        static_cast<int>(leaves),
+        [&](int leaf, int slot) {
+          const T* x = arrived + static_cast<std::size_t>(leaf) * mine + j;
+          std::copy(x, x + n, scratch[slot]);
+        },
+        [&](int left, int right) {
+          for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
+        });
+  }
+
+  // The owner's slice: gradient(j, n, sum, scratch) points sum at the gradient of slice elements
+  // [j, j + n); the optimizer's update of them goes into updated_.
+  template <class Gradient>
+  void update_slice(host_towers<Layout>& towers, const constants_type& constants, Gradient&& gradient) {
+    gathered_slot_ = -1;
+    const std::size_t lo = plan_.first(rank_);
+    in_parallel(towers, lo, lo + plan_.size(rank_), [&](std::size_t, std::size_t begin_flat, std::size_t end_flat) {
       plan_.for_each_piece(begin_flat, end_flat, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
         const T* parameters = towers.shared_parameters().data(v) + first;
-        const std::size_t at = flat - lo;  // in the slice
         T scratch[32][block];
         for (std::size_t begin = 0; begin < count; begin += block) {
-          const std::size_t n = std::min(block, count - begin), j = at + begin;
-          const std::size_t leaves = partials_ ? static_cast<std::size_t>(processes_) : weights_.size();
-          canonical_tree_reduce(
-              static_cast<int>(leaves),
-              [&](int leaf, int slot) {
-                const T* x = arrived + static_cast<std::size_t>(leaf) * mine + j;
-                if (partials_) {
-                  std::copy(x, x + n, scratch[slot]);
-                } else {
-                  const T w = weights_[static_cast<std::size_t>(leaf)];
-                  for (std::size_t k = 0; k < n; ++k) scratch[slot][k] = rounded_mul(w, x[k]);
-                }
-              },
-              [&](int left, int right) {
-                for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
-              });
+          const std::size_t n = std::min(block, count - begin), j = flat - lo + begin;
+          const T* sum = nullptr;
+          gradient(j, n, sum, scratch);
           T* p = updated_.data() + j;
           std::copy(parameters + begin, parameters + begin + n, p);
           T* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
           for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data() + j;
-          update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, scratch[0], n, constants);
+          update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, sum, n, constants);
         }
       });
     });
+  }
+
+  // After the owners' updates: every slice to every process, into the towers' parameters.
+  void finish_step(host_towers<Layout>& towers, std::chrono::steady_clock::time_point start, stage_seconds& stages) {
+    const auto reduced = std::chrono::steady_clock::now();
+    if (processes_ > 1) gather(updated_.data(), "gathering parameters");
+    scatter_parameters(towers, processes_ > 1 ? gathered_.data() : updated_.data());
+    stages.reduce = std::chrono::duration<double>(reduced - start).count();
+    stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
+  }
+
+  // Every process's first non-finite key (the least wins) and its tiles' sums (owners' tiles follow in
+  // rank order, as tiles follow in flat order).
+  screen_partials share_screen(nonfinite_key first, const std::vector<double>& tile_sums) {
+    std::string mine(sizeof first + tile_sums.size() * sizeof(double), '\0');
+    std::memcpy(mine.data(), &first, sizeof first);
+    std::memcpy(mine.data() + sizeof first, tile_sums.data(), tile_sums.size() * sizeof(double));
+    screen_partials partials;
+    for (const std::string& part : group_->all_gather(mine.data(), mine.size(), "sharing the gradient screen")) {
+      nonfinite_key key = no_nonfinite;
+      std::memcpy(&key, part.data(), sizeof key);
+      partials.first_nonfinite = std::min(partials.first_nonfinite, key);
+      const std::size_t before = partials.tile_sums.size();
+      partials.tile_sums.resize(before + (part.size() - sizeof key) / sizeof(double));
+      std::memcpy(partials.tile_sums.data() + before, part.data() + sizeof key, part.size() - sizeof key);
+    }
+    return partials;
   }
 
   // Every process's slice of `slice` (this process's, plan_.size(rank_) values) into gathered_.
@@ -387,7 +495,7 @@ class sharded_host_reducer {
 
   // All of the new parameters (`all`, in flat order) into the towers' shared parameters.
   void scatter_parameters(host_towers<Layout>& towers, const T* all) {
-    in_parallel(towers, 0, plan_.total(), [&](std::size_t lo, std::size_t hi) {
+    in_parallel(towers, 0, plan_.total(), [&](std::size_t, std::size_t lo, std::size_t hi) {
       plan_.for_each_piece(lo, hi, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
         std::copy(all + flat, all + flat + count, towers.shared_parameters().data(v) + first);
       });
@@ -399,11 +507,11 @@ class sharded_host_reducer {
   int rank_, processes_;
   std::size_t local_towers_;
   slice_plan plan_;
-  bool partials_;               // L a power of two: one local partial per process (see the top)
-  std::size_t contributions_;   // values per element each process sends an owner: 1 or L
+  bool partials_;                      // L a power of two: one local partial per process (see the top)
+  std::size_t contributions_;          // values per element each process sends an owner: 1 or L
   std::vector<std::vector<T>> state_;  // per slot: this process's slice
-  std::vector<T> weights_;             // every tower's weight, rank-major, for this step
   std::vector<T> send_, received_, updated_, gathered_;
+  std::vector<T> averaged_;            // checked steps: the owner's slice of the average (or running sum)
   int gathered_slot_ = -1;             // the state slot gathered_ holds, -1: none (parameters or stale)
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
