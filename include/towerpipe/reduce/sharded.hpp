@@ -367,28 +367,30 @@ class sharded_host_reducer {
                                                                          std::size_t flat) {
           for (std::size_t begin = 0; begin < count; begin += block) {
             const std::size_t n = std::min(block, count - begin), at = flat - start + begin;
+            // out[k] = w_t * g_t[k] for the block, noting the first non-finite gradient value.
+            const auto weigh = [&](std::size_t t, T* out) {
+              const T* g = towers.gradients(t).data(v) + first + begin;
+              unsigned bad = 0;
+              for (std::size_t k = 0; k < n; ++k) {
+                out[k] = rounded_mul(weights[t], g[k]);
+                bad |= exponent_all_ones(g[k]);
+              }
+              if (screen && bad != 0)
+                keys[task] = std::min(keys[task], first_nonfinite_in<T>(g, static_cast<unsigned>(n), static_cast<int>(v),
+                                                                        static_cast<unsigned>(first + begin),
+                                                                        static_cast<unsigned>(global_tower(t))));
+            };
+            if (!partials_) {  // each tower's product, tower after tower: the owner runs the whole tree
+              for (std::size_t t = 0; t < local_towers_; ++t) weigh(t, to_owner + t * (end - start) + at);
+              continue;
+            }
             T scratch[32][block];
             canonical_tree_reduce(
-                static_cast<int>(local_towers_),
-                [&](int tower, int slot) {
-                  const auto t = static_cast<std::size_t>(tower);
-                  const T* g = towers.gradients(t).data(v) + first + begin;
-                  T* out = partials_ ? scratch[slot] : to_owner + t * (end - start) + at;
-                  unsigned bad = 0;
-                  for (std::size_t k = 0; k < n; ++k) {
-                    out[k] = rounded_mul(weights[t], g[k]);
-                    bad |= exponent_all_ones(g[k]);
-                  }
-                  if (screen && bad != 0)
-                    keys[task] = std::min(keys[task], first_nonfinite_in<T>(g, static_cast<unsigned>(n), static_cast<int>(v),
-                                                                            static_cast<unsigned>(first + begin),
-                                                                            static_cast<unsigned>(global_tower(t))));
-                },
+                static_cast<int>(local_towers_), [&](int tower, int slot) { weigh(static_cast<std::size_t>(tower), scratch[slot]); },
                 [&](int left, int right) {
-                  if (!partials_) return;  // raw contributions: the owner sums them
                   for (std::size_t k = 0; k < n; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
                 });
-            if (partials_) std::copy(scratch[0], scratch[0] + n, to_owner + at);
+            std::copy(scratch[0], scratch[0] + n, to_owner + at);
           }
         });
       }
