@@ -101,12 +101,9 @@ class slice_plan {
   slice_plan(const variable_set& variables, int processes) {
     for (const variable& v : variables) {
       variable_start_.push_back(total_);
-      first_tile_.push_back(tiles_);
       total_ += v.size;
-      tiles_ += (v.size + screen_tile_elements - 1) / screen_tile_elements;
     }
     variable_start_.push_back(total_);
-    first_tile_.push_back(tiles_);
     for (int r = 0; r <= processes; ++r)
       bounds_.push_back(tile_start_at_or_before(total_ * static_cast<std::size_t>(r) / static_cast<std::size_t>(processes)));
   }
@@ -114,18 +111,15 @@ class slice_plan {
   std::size_t first(int owner) const { return bounds_[static_cast<std::size_t>(owner)]; }
   std::size_t size(int owner) const { return first(owner + 1) - first(owner); }
   std::size_t variable_start(std::size_t v) const { return variable_start_[v]; }
-  std::size_t tiles() const { return tiles_; }
-  // Tile i: its first flat index and its element count.
-  std::pair<std::size_t, std::size_t> tile(std::size_t i) const {
-    std::size_t v = 0;
-    while (first_tile_[v + 1] <= i) ++v;
-    const std::size_t start = variable_start_[v] + (i - first_tile_[v]) * screen_tile_elements;
-    return {start, std::min(screen_tile_elements, variable_start_[v + 1] - start)};
-  }
-  // The index of the tile that starts at flat index `flat` (a slice's start), or tiles() at the end.
-  std::size_t tile_at(std::size_t flat) const {
-    const std::size_t v = variable_of(flat);
-    return v == variable_start_.size() - 1 ? tiles_ : first_tile_[v] + (flat - variable_start_[v]) / screen_tile_elements;
+  // The screen tiles of owner r's slice, in flat order: (first flat index, element count) each. A slice
+  // starts at a tile, so each of its pieces does too.
+  std::vector<std::pair<std::size_t, std::size_t>> tiles_of(int owner) const {
+    std::vector<std::pair<std::size_t, std::size_t>> tiles;
+    for_each_piece(first(owner), first(owner + 1), [&](std::size_t, std::size_t, std::size_t count, std::size_t flat) {
+      for (std::size_t at = 0; at < count; at += screen_tile_elements)
+        tiles.emplace_back(flat + at, std::min(screen_tile_elements, count - at));
+    });
+    return tiles;
   }
 
   // f(variable, first element, count, flat index of that element) for each variable's part of [lo, hi).
@@ -138,21 +132,16 @@ class slice_plan {
   }
 
  private:
-  // The variable holding flat index `flat` (the variable count at the end).
-  std::size_t variable_of(std::size_t flat) const {
-    std::size_t v = 0;
-    while (v + 1 < variable_start_.size() && flat >= variable_start_[v + 1]) ++v;
-    return flat >= total_ ? variable_start_.size() - 1 : v;
-  }
   std::size_t tile_start_at_or_before(std::size_t flat) const {
     if (flat >= total_) return total_;
-    const std::size_t v = variable_of(flat);
+    std::size_t v = 0;  // the variable holding `flat`
+    while (flat >= variable_start_[v + 1]) ++v;
     return variable_start_[v] + (flat - variable_start_[v]) / screen_tile_elements * screen_tile_elements;
   }
 
-  std::vector<std::size_t> variable_start_, first_tile_;  // per variable, then the totals
-  std::vector<std::size_t> bounds_;                       // owner r: [bounds_[r], bounds_[r + 1])
-  std::size_t total_ = 0, tiles_ = 0;
+  std::vector<std::size_t> variable_start_;  // per variable, then the total
+  std::vector<std::size_t> bounds_;          // owner r: [bounds_[r], bounds_[r + 1])
+  std::size_t total_ = 0;
 };
 
 // What every process compares before the first step, a line each ("key: value").
@@ -205,7 +194,10 @@ class sharded_host_reducer {
     if (processes_ > 1) received_.resize(contributions_ * static_cast<std::size_t>(processes_) * mine);
     updated_.resize(mine);
     gathered_.resize(plan_.total());
-    if (takes_checked_steps(options, false)) averaged_.resize(mine);
+    if (takes_checked_steps(options, false)) {
+      averaged_.resize(mine);
+      my_tiles_ = plan_.tiles_of(rank_);
+    }
   }
 
   // The processes' shard sizes, rank-major: every tower's weight examples_i / all examples (as
@@ -277,8 +269,8 @@ class sharded_host_reducer {
     if (averaged_.size() != plan_.size(rank_)) fail("reduce::sharded: built for unchecked steps");
     const auto start = std::chrono::steady_clock::now();
     const nonfinite_key raw = send_contributions(towers, weights, true);
-    const std::size_t lo = plan_.first(rank_), first_tile = plan_.tile_at(lo);
-    std::vector<double> tile_sums(plan_.tile_at(lo + plan_.size(rank_)) - first_tile);
+    const std::size_t lo = plan_.first(rank_);
+    std::vector<double> tile_sums(my_tiles_.size());
     std::vector<nonfinite_key> keys(tasks(lo, lo + plan_.size(rank_)), no_nonfinite);
     in_parallel(towers, lo, lo + plan_.size(rank_), [&](std::size_t task, std::size_t begin_flat, std::size_t end_flat) {
       plan_.for_each_piece(begin_flat, end_flat, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
@@ -294,7 +286,7 @@ class sharded_host_reducer {
       });
     });
     for (const std::exception_ptr& failure : towers.pool().run(tile_sums.size(), [&](std::size_t i) {
-           const auto [flat, count] = plan_.tile(first_tile + i);
+           const auto [flat, count] = my_tiles_[i];
            tile_sums[i] = tile_sum_of_squares(averaged_.data() + (flat - lo), static_cast<unsigned>(count));
          })) {
       if (failure) std::rethrow_exception(failure);
@@ -514,6 +506,7 @@ class sharded_host_reducer {
   std::vector<std::vector<T>> state_;  // per slot: this process's slice
   std::vector<T> send_, received_, updated_, gathered_;
   std::vector<T> averaged_;            // checked steps: the owner's slice of the average (or running sum)
+  std::vector<std::pair<std::size_t, std::size_t>> my_tiles_;  // checked steps: this slice's screen tiles
   int gathered_slot_ = -1;             // the state slot gathered_ holds, -1: none (parameters or stale)
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
