@@ -1,4 +1,4 @@
-# Runs COMMAND (an mpirun line whose last process leaves early) and checks that the job ends with an
+# Runs COMMAND (an mpirun line whose last process never joins) and checks that the job ends with an
 # error, not a hang: a non-zero exit within 30 s, and the other processes' deadline message.
 string(TIMESTAMP start "%s")
 execute_process(COMMAND ${COMMAND} RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors TIMEOUT 45)
