@@ -1,5 +1,6 @@
 // average + apply + broadcast for every backend with GPU towers — reduce::device0, reduce::p2p_tree,
-// reduce::host — x layout x optimizer x towers, over the ResNet-50 and BERT-base variable lists and a
+// reduce::sharded (the optimizer sharded over the towers: on one GPU it moves device0's bytes, so it
+// has device0's floor), reduce::host — x layout x optimizer x towers, over the ResNet-50 and BERT-base variable lists and a
 // flat sweep, against floors measured in the same run:
 //   device backends: bytes / device copy bandwidth (a large cudaMemcpy, bytes read + written), with
 //     P * (4N + 8 + 8 * state slots + 4(N - 1)) bytes (Adam: 4N + 24 + 4(N - 1));
@@ -25,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <towerpipe/cuda.cuh>
@@ -124,7 +126,14 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   std::vector<std::unique_ptr<reducer_type>> reducers;
   for (std::size_t i = 0; i < instances; ++i) {
     tower_sets.push_back(std::make_unique<towers_type>(variables, towers, pipeline_options{}));
-    reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back()));
+    if constexpr (std::is_constructible_v<reducer_type, const variable_set&, const typename Optim::hyper_parameters&,
+                                          towers_type&, const pipeline_options&>) {
+      pipeline_options options;  // reduce::sharded allocates a checked step's buffers only when told it takes them
+      if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
+      reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back(), options));
+    } else {
+      reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back()));
+    }
     for (std::size_t t = 0; t < towers; ++t) {
       for (std::size_t v = 0; v < variables.count(); ++v) {
         auto view = tower_sets.back()->gradients(t).view(v);
@@ -239,6 +248,8 @@ int main(int argc, char** argv) try {
       measure<reduce::device0, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
     measure_optimizers<reduce::p2p_tree, layout::flat<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::p2p_tree, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
+    measure_optimizers<reduce::sharded, layout::flat<float>>(model, variables, o, f, out, o.quick);
+    measure_optimizers<reduce::sharded, layout::per_variable<float>>(model, variables, o, f, out, true);
     measure_optimizers<reduce::host, layout::flat<float>>(model, variables, o, f, out, true);
     measure_optimizers<reduce::host, layout::per_variable<float>>(model, variables, o, f, out, true);
   }
@@ -249,6 +260,7 @@ int main(int argc, char** argv) try {
       const std::string name = "sweep_" + std::to_string(millions) + "M";
       measure_optimizers<reduce::device0, layout::flat<float>>(name, one, o, f, out, true);
       measure_optimizers<reduce::p2p_tree, layout::flat<float>>(name, one, o, f, out, true);
+      measure_optimizers<reduce::sharded, layout::flat<float>>(name, one, o, f, out, true);
     }
   }
   out.write(o.out);

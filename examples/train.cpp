@@ -28,7 +28,7 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --towers N            towers                                                  [2]
   --devices LIST        GPU ids, tower i on LIST[i % size]          [all visible, round-robin]
   --cpu-towers          host towers even where a GPU is visible
-  --backend NAME        host | sharded (host towers) | device0 | p2p_tree (GPU towers)
+  --backend NAME        host | sharded | device0 | p2p_tree (the last two: GPU towers)
                                                    [device0 with GPU towers, else host]
   --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
                         --towers host towers in each, --batch-size split over every process's towers
@@ -153,7 +153,7 @@ options parse(int argc, char** argv) {
     if (o.compare_backends) throw usage_error("--ranks runs one training: it takes no --compare-backends");
     if (!o.backend.empty() && o.backend != "sharded") throw usage_error("--ranks trains with --backend sharded, not " + o.backend);
     o.backend = "sharded";
-    o.cpu_towers = true;  // reduce::sharded takes host towers for now
+    o.cpu_towers = true;  // reduce::sharded across processes takes host towers for now
   }
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   o.gpu_towers = !o.cpu_towers && visible_gpus() > 0;
@@ -174,8 +174,6 @@ options parse(int argc, char** argv) {
 #else
                                         : "this build of the program has no CUDA";
 #endif
-  if (o.backend == "sharded" && o.gpu_towers)
-    throw usage_error("--backend sharded takes host towers for now: add --cpu-towers");
   if (o.backend != "host" && o.backend != "sharded" && !o.gpu_towers)
     throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
   if (!o.devices.empty() && !o.gpu_towers) throw usage_error(std::string("--devices needs GPU towers, and ") + why_no_gpu);
@@ -190,7 +188,7 @@ options parse(int argc, char** argv) {
 
 template <class Optim, class Layout>
 run_result with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  if (o.backend == "sharded") return train<exec::host, reduce::sharded, Optim, Layout>(o, data, h);
+  if (o.backend == "sharded" && !o.gpu_towers) return train<exec::host, reduce::sharded, Optim, Layout>(o, data, h);
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   if (o.gpu_towers) return train_on_gpus<Optim, Layout>(o, data, h);
 #endif
@@ -224,7 +222,7 @@ run_result dispatch(const options& o, const image_dataset& data) {
 // tutorial's finding — the CPU parameter server against GPU:0 — reproduced and measured.
 int compare_backends(const options& given, const image_dataset& data) {
   const std::vector<std::string> backends =
-      given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree"} : std::vector<std::string>{"host", "sharded"};
+      given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree", "sharded"} : std::vector<std::string>{"host", "sharded"};
   const std::vector<std::string> layouts =
       given.was_given("--layout") ? std::vector<std::string>{given.layout} : std::vector<std::string>{"flat", "per_variable"};
   std::vector<run_result> results;

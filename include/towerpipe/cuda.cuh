@@ -1,6 +1,6 @@
 #pragma once
 // towerpipe with CUDA (compile with nvcc): everything of <towerpipe/towerpipe.hpp> plus exec::cuda
-// (towers on GPUs) and the device reductions reduce::device0 and reduce::p2p_tree.
+// (towers on GPUs) and the device reductions reduce::device0, reduce::p2p_tree and reduce::sharded.
 
 #include "towerpipe/towerpipe.hpp"
 
@@ -9,3 +9,4 @@
 #include "towerpipe/reduce/device0.cuh"
 #include "towerpipe/reduce/host_for_cuda.cuh"
 #include "towerpipe/reduce/p2p_tree.cuh"
+#include "towerpipe/reduce/sharded_for_cuda.cuh"

@@ -167,6 +167,15 @@ class pipeline {
 
   // Optimizer state slot `slot` (see the optimizer's header for what each slot holds).
   std::size_t optimizer_state_slots() const { return reducer_->state_slots(); }
+  // Bytes of optimizer state on each tower's device, for backends that spread it (reduce::sharded on
+  // GPU towers: about 1/N each). The others hold it in one place: tower 0's device or host memory.
+  template <class Reducer = reducer_type>
+  std::vector<std::size_t> optimizer_state_bytes_per_tower() const {
+    static_assert(detail::reducer_spreads_state<Reducer>::value,
+                  "towerpipe: this reduction backend keeps the optimizer state in one place (tower 0's device or the "
+                  "host); reduce::sharded on GPU towers spreads it over the towers");
+    return reducer_->state_bytes_per_tower(towers_->towers());
+  }
   tensor_view<const value_type> optimizer_state(std::size_t slot, std::size_t index) const {
     check_state_slot(slot, index);
     return reducer_->state_on_host(slot, index);

@@ -1,7 +1,7 @@
 // Tower functions run on pool threads, where Catch assertions are unsafe: there they throw, which fails
 // the step with the tower named.
 //
-// Every backend for GPU towers (device0, p2p_tree, host) x layout x optimizer, for 1..8 towers on the GPU(s) present (several towers
+// Every backend for GPU towers (device0, p2p_tree, sharded, host) x layout x optimizer, for 1..8 towers on the GPU(s) present (several towers
 // per device where there are fewer devices), against the exec::host pipeline: after 10 steps on fresh
 // random gradients every replica must equal the host's parameters bitwise. Replicas other than the
 // root's are poisoned before each step, so a replica the broadcast misses shows. Each runs unchecked (one
@@ -188,6 +188,34 @@ TEST_CASE("device0 equals the host pipeline bitwise (flat)", "[gpu][backends]") 
 }
 TEST_CASE("device0 equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
   check_all_optimizers<reduce::device0, layout::per_variable<float>>(200);
+}
+TEST_CASE("sharded equals the host pipeline bitwise (flat)", "[gpu][backends]") {
+  check_all_optimizers<reduce::sharded, layout::flat<float>>(300);
+}
+TEST_CASE("sharded equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
+  check_all_optimizers<reduce::sharded, layout::per_variable<float>>(400);
+}
+
+// reduce::sharded holds on each tower's device only its slice of the state: whole 4096-element chunks
+// (multi_tensor_policy), each owner within one chunk of an equal share of the parameters.
+TEST_CASE("sharded spreads the optimizer state over the towers, about 1/N each", "[gpu][backends]") {
+  const double parameters = static_cast<double>(test_variables.total_size());
+  const double slot_bytes = 4.0 * parameters;  // fp32
+  for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
+    pipeline<exec::cuda, reduce::sharded, optim::adam, layout::flat<float>> p(test_variables, test_inputs, towers, {});
+    const std::vector<std::size_t> bytes = p.optimizer_state_bytes_per_tower();
+    REQUIRE(bytes.size() == towers);
+    double total = 0.0;
+    for (std::size_t t = 0; t < towers; ++t) {
+      INFO(towers << " towers, tower " << t << ": " << bytes[t] << " bytes");
+      total += static_cast<double>(bytes[t]);
+      CHECK(static_cast<double>(bytes[t]) <= 2.0 * (slot_bytes / static_cast<double>(towers) + 4.0 * 4096));
+    }
+    CHECK(total == 2.0 * slot_bytes);  // Adam's two slots, once in all
+    std::printf("reduce::sharded, %zu towers: optimizer state per tower (bytes):", towers);
+    for (std::size_t b : bytes) std::printf(" %zu", b);
+    std::printf(" (device0 holds %.0f on tower 0)\n", 2.0 * slot_bytes);
+  }
 }
 TEST_CASE("p2p_tree equals the host pipeline bitwise (flat)", "[gpu][backends]") {
   check_all_optimizers<reduce::p2p_tree, layout::flat<float>>(300);
@@ -535,5 +563,6 @@ void check_checkpoint_through_gpu(std::uint64_t salt) {
 TEST_CASE("a checkpoint moves between the host and every GPU backend, and the run resumes bitwise", "[gpu][checkpoint]") {
   check_checkpoint_through_gpu<reduce::device0>(700);
   check_checkpoint_through_gpu<reduce::p2p_tree>(800);
+  check_checkpoint_through_gpu<reduce::sharded>(850);
   check_checkpoint_through_gpu<reduce::host>(900);
 }

@@ -1,8 +1,11 @@
 // The device reductions' per-element programs (reduce/agents.hpp), run on the host over the same
 // chunk and pointer tables the kernels use: they must cover every element once and give bitwise the
 // host pipeline's parameters — reduce::device0 as one fused pass, reduce::p2p_tree as tree edges, a
-// fused root that also writes its children's replicas, and copies further down the tree.
+// fused root that also writes its children's replicas, and copies further down the tree, and
+// reduce::sharded for GPU towers as one fused pass per owner over its slice, with only its slice of the
+// state (reduce/owner_slices.hpp).
 #include <towerpipe/reduce/agents.hpp>
+#include <towerpipe/reduce/owner_slices.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -73,8 +76,9 @@ class emulated_devices {
  public:
   using buffer = typename Layout::template buffer<host_memory>;
 
-  emulated_devices(const variable_set& variables, std::size_t towers, const typename Optim::hyper_parameters& h)
-      : variables_(variables), chunks_(make_chunk_table(variables, 256)) {
+  emulated_devices(const variable_set& variables, std::size_t towers, const typename Optim::hyper_parameters& h,
+                   std::size_t chunk_elements = 256)
+      : variables_(variables), chunks_(make_chunk_table(variables, chunk_elements)) {
     for (std::size_t t = 0; t < towers; ++t) {
       gradients_.emplace_back(variables);
       replicas_.emplace_back(variables);
@@ -131,7 +135,44 @@ class emulated_devices {
   std::vector<float*> gradient_pointers_, replica_pointers_, state_pointers_;
 };
 
-enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree };
+enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree, sharded };
+
+// reduce::sharded's owners for GPU towers: owner k holds slice k of the chunk table and only that
+// slice's optimizer state and checked-step average, in compact storage reached through slice_pointers.
+class emulated_owners {
+ public:
+  emulated_owners(const variable_set& variables, const std::vector<tensor_chunk>& chunks, std::size_t owners, int slots)
+      : variables_(static_cast<int>(variables.count())), slots_(slots), slices_(cut_into_slices(chunks, owners)) {
+    for (const owner_slice& slice : slices_) {
+      state_.emplace_back(static_cast<std::size_t>(slots) * slice.elements, 0.0f);
+      average_.emplace_back(slice.elements, 0.0f);
+      std::vector<float*> state;
+      for (int s = 0; s < slots; ++s) {
+        const std::vector<float*> slot = slice_pointers(slice, state_.back().data() + s * slice.elements, variables.count());
+        state.insert(state.end(), slot.begin(), slot.end());
+      }
+      state.push_back(nullptr);  // never empty
+      state_pointers_.push_back(std::move(state));
+      average_pointers_.push_back(slice_pointers(slice, average_.back().data(), variables.count()));
+    }
+  }
+
+  const std::vector<owner_slice>& slices() const { return slices_; }
+  pointer_table<float> state(std::size_t k) { return {state_pointers_[k].data(), variables_}; }
+  pointer_table<float> average(std::size_t k) { return {average_pointers_[k].data(), variables_}; }
+  // Owner k's optimizer: its slice of the state; it reads the master (replica 0) and writes every replica.
+  template <class Optim, class Layout>
+  optimizer_apply<Optim, float> apply(std::size_t k, emulated_devices<Optim, Layout>& devices,
+                                      const typename Optim::template step_constants<float>& c) {
+    return {devices.replica_table(), state(k), devices.towers(), slots_, c, {}};
+  }
+
+ private:
+  int variables_, slots_;
+  std::vector<owner_slice> slices_;
+  std::vector<std::vector<float>> state_, average_;
+  std::vector<std::vector<float*>> state_pointers_, average_pointers_;
+};
 
 // One step of the host reference on `grads` ([tower][variable]), and the same gradients into the
 // emulated devices' buffers.
@@ -161,6 +202,7 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
     const std::size_t examples = 3 * towers - 1;  // uneven shards: distinct weights
     trainer reference(variables, {{"x", dtype::float32, {1}}}, towers, h);
     emulated_devices<Optim, Layout> devices(variables, towers, h);
+    emulated_owners owners(variables, devices.chunks(), towers, Optim::state_slots(h));
     const std::vector<shard> shards = plan_split(examples, towers, split_policy::weighted);
     std::vector<float> weights;
     for (const shard& s : shards) weights.push_back(static_cast<float>(s.weight));
@@ -181,7 +223,14 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
       devices.poison_replicas();
       const auto constants = Optim::template constants<float>(h, step);
       const int n = devices.towers();
-      if (kind == backend::p2p_tree && n > 1) {
+      if (kind == backend::sharded) {
+        const pointer_table<const float> gradients{devices.gradient_table().pointers, static_cast<int>(variables.count())};
+        for (std::size_t k = 0; k < owners.slices().size(); ++k) {
+          fused_apply_agent<Optim, float, 0> agent{gradients, n, {}, owners.apply(k, devices, constants)};
+          std::copy(weights.begin(), weights.end(), agent.weights);
+          run_agent_on_host(agent, owners.slices()[k].chunk_list(devices.chunks()));
+        }
+      } else if (kind == backend::p2p_tree && n > 1) {
         const auto rounds = canonical_tree_rounds<float>(n, weights);
         for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
           for (const tree_edge<float>& edge : rounds[r]) run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge, nullptr}, devices.chunks());
@@ -243,7 +292,7 @@ TEMPLATE_TEST_CASE("emulated device backends equal the host pipeline bitwise for
   optim::adam::hyper_parameters adam;
   adam.lr = 0.01;
   adam.weight_decay = 0.1;
-  for (backend kind : {backend::device0_unrolled, backend::device0_runtime_towers, backend::p2p_tree}) {
+  for (backend kind : {backend::device0_unrolled, backend::device0_runtime_towers, backend::p2p_tree, backend::sharded}) {
     check_emulated_backend<optim::sgd, TestType>(kind, momentum, 61);
     check_emulated_backend<optim::adam, TestType>(kind, adam, 62);
     check_emulated_backend<optim::adamw, TestType>(kind, optim::adamw::hyper_parameters{}, 63);
@@ -280,12 +329,96 @@ TEST_CASE("transfer groups partition the chunk table and their ranges cover ever
   }
 }
 
+TEST_CASE("owner slices cut the chunk table into contiguous runs within a chunk of equal shares, and their "
+          "pointers reach compact storage",
+          "[multi_tensor][sharded]") {
+  const variable_set variables{{"a", {5000}}, {"b", {1}}, {"c", {64, 64}}, {"d", {4097}}, {"e", {3}}};
+  const std::size_t chunk_elements = 1024;
+  const std::vector<tensor_chunk> chunks = make_chunk_table(variables, chunk_elements);
+  const std::size_t total = variables.total_size();
+  std::vector<std::size_t> variable_start{0};
+  for (const variable& v : variables) variable_start.push_back(variable_start.back() + v.size);
+  for (std::size_t owners : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(7), std::size_t(40)}) {
+    INFO(owners << " owners");
+    const std::vector<owner_slice> slices = cut_into_slices(chunks, owners);
+    REQUIRE(slices.size() == owners);
+    REQUIRE(slices.front().chunks.first == 0);
+    REQUIRE(slices.back().chunks.last == chunks.size());
+    std::size_t done = 0;
+    for (std::size_t k = 0; k < owners; ++k) {
+      INFO("owner " << k);
+      const owner_slice& slice = slices[k];
+      if (k > 0) REQUIRE(slice.chunks.first == slices[k - 1].chunks.last);
+      done += slice.elements;
+      // Each owner ends at its share of the elements, or less than a chunk past it.
+      const double share_end = static_cast<double>(total) * static_cast<double>(k + 1) / static_cast<double>(owners);
+      CHECK(static_cast<double>(done) >= share_end - 1e-9);
+      CHECK(static_cast<double>(done) < share_end + static_cast<double>(chunk_elements));
+      // Writing each element's position in the whole parameter space through the slice's pointers
+      // fills its compact storage with consecutive positions from where the slice starts.
+      std::vector<std::size_t> storage(slice.elements, 0);
+      const std::vector<std::size_t*> pointers = slice_pointers(slice, storage.data(), variables.count());
+      for (std::size_t v = 0; v < variables.count(); ++v) {
+        bool held = false;
+        for (const element_range& r : slice.ranges) {
+          if (r.variable != v) continue;
+          held = true;
+          for (std::size_t i = r.begin; i < r.end; ++i) pointers[v][i] = variable_start[v] + i;
+        }
+        if (!held) CHECK(pointers[v] == nullptr);
+      }
+      const std::size_t slice_start = done - slice.elements;
+      for (std::size_t j = 0; j < storage.size(); ++j) REQUIRE(storage[j] == slice_start + j);
+    }
+    CHECK(done == total);
+  }
+}
+
 namespace {
 
 // A checked step as the device backends run it (reduce/screen.hpp), on the host: the screen's lane
 // program over every tile (a warp's 32 lanes one after another, then pairwise_lane_sum, which the
 // kernel does with shuffles), then fused_apply_agent over the average with the clip coefficient as its
 // one weight. Returns the screen's partials.
+template <class Source>
+void screen_tiles(const Source& source, const pointer_table<float>& averaged, const std::vector<tensor_chunk>& tiles,
+                  screen_partials& partials) {
+  for (const tensor_chunk& tile : tiles) {
+    const screen_lane_result r = towerpipe_tests::screen_tile_as_a_warp(source, averaged, tile);
+    partials.tile_sums.push_back(r.sum_of_squares);
+    partials.first_nonfinite = std::min(partials.first_nonfinite, r.first_nonfinite);
+  }
+}
+
+float clip_coefficient(const screen_partials& partials, double max_norm) {
+  return static_cast<float>(std::min(1.0, max_norm / (std::sqrt(partials.sum_of_squares()) + 1e-6)));
+}
+
+// reduce::sharded's checked step: each owner screens the average of its slice (the tiles of its slice,
+// into its compact average), the partials in owner order are the whole table's; then each owner applies.
+template <class Optim, class Layout>
+screen_partials emulated_sharded_checked_step(emulated_devices<Optim, Layout>& devices, emulated_owners& owners,
+                                              const std::vector<float>& weights, double max_norm,
+                                              const typename Optim::template step_constants<float>& constants) {
+  const int count = static_cast<int>(devices.gradient_table().variables);
+  const pointer_table<const float> gradients{devices.gradient_table().pointers, count};
+  const int n = devices.towers();
+  screen_partials partials;
+  for (std::size_t k = 0; k < owners.slices().size(); ++k) {
+    accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{{gradients, n, {}}, owners.average(k), {}};
+    std::copy(weights.begin(), weights.end(), source.inner.weights.value);
+    screen_tiles(source, owners.average(k), slice_tiles(owners.slices()[k], screen_tile_elements), partials);
+  }
+  if (partials.first_nonfinite != no_nonfinite) return partials;
+  const float coefficient = clip_coefficient(partials, max_norm);
+  for (std::size_t k = 0; k < owners.slices().size(); ++k) {
+    const pointer_table<const float> average{owners.average(k).pointers, count};
+    run_agent_on_host(fused_apply_agent<Optim, float, 1>{average, 1, {coefficient}, owners.apply(k, devices, constants)},
+                      owners.slices()[k].chunk_list(devices.chunks()));
+  }
+  return partials;
+}
+
 template <class Optim, class Layout>
 screen_partials emulated_checked_step(backend kind, emulated_devices<Optim, Layout>& devices, const variable_set& variables,
                                       const std::vector<float>& weights, double max_norm,
@@ -296,13 +429,7 @@ screen_partials emulated_checked_step(backend kind, emulated_devices<Optim, Layo
   const pointer_table<const float> gradients{devices.gradient_table().pointers, static_cast<int>(variables.count())};
   const int n = devices.towers();
   screen_partials partials;
-  const auto screen_tiles = [&](const auto& source) {
-    for (const tensor_chunk& tile : make_chunk_table(variables, screen_tile_elements)) {
-      const screen_lane_result r = towerpipe_tests::screen_tile_as_a_warp(source, averaged, tile);
-      partials.tile_sums.push_back(r.sum_of_squares);
-      partials.first_nonfinite = std::min(partials.first_nonfinite, r.first_nonfinite);
-    }
-  };
+  const std::vector<tensor_chunk> tiles = make_chunk_table(variables, screen_tile_elements);
   if (kind == backend::p2p_tree && n > 1) {
     const auto rounds = canonical_tree_rounds<float>(n, weights);
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
@@ -310,14 +437,14 @@ screen_partials emulated_checked_step(backend kind, emulated_devices<Optim, Layo
         run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge, &partials.first_nonfinite}, devices.chunks());
     }
     const edge_average_source<float> edge{devices.gradient_table(), rounds.back().front()};
-    screen_tiles(accumulating_source<edge_average_source<float>, float>{edge, averaged, {}});
+    screen_tiles(accumulating_source<edge_average_source<float>, float>{edge, averaged, {}}, averaged, tiles, partials);
   } else {
     accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{{gradients, n, {}}, averaged, {}};
     std::copy(weights.begin(), weights.end(), source.inner.weights.value);
-    screen_tiles(source);
+    screen_tiles(source, averaged, tiles, partials);
   }
   if (partials.first_nonfinite != no_nonfinite) return partials;
-  const float coefficient = static_cast<float>(std::min(1.0, max_norm / (std::sqrt(partials.sum_of_squares()) + 1e-6)));
+  const float coefficient = clip_coefficient(partials, max_norm);
   const pointer_table<const float> average_table{average_pointers.data(), static_cast<int>(variables.count())};
   run_agent_on_host(fused_apply_agent<Optim, float, 1>{average_table, 1, {coefficient}, devices.apply(n, constants)},
                     devices.chunks());
@@ -334,14 +461,16 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
   optim::adam::hyper_parameters h;
   h.lr = 0.01;
   random_source random(70);
-  for (backend kind : {backend::device0_runtime_towers, backend::p2p_tree}) {
+  for (backend kind : {backend::device0_runtime_towers, backend::p2p_tree, backend::sharded}) {
     for (std::size_t towers = 1; towers <= 8; ++towers) {
       INFO("backend " << static_cast<int>(kind) << ", " << towers << " towers, seed " << random.seed());
       const std::size_t examples = 3 * towers - 1;
       pipeline_options options;
       options.max_grad_norm = 3.0;
       trainer reference(variables, {{"x", dtype::float32, {1}}}, towers, h, options);
-      emulated_devices<optim::adam, TestType> devices(variables, towers, h);
+      // Chunks of one screen tile: the owners' slices start on tiles (reduce/owner_slices.hpp).
+      emulated_devices<optim::adam, TestType> devices(variables, towers, h, screen_tile_elements);
+      emulated_owners owners(variables, devices.chunks(), towers, optim::adam::state_slots(h));
       std::vector<float> weights;
       for (const shard& s : plan_split(examples, towers, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
       const std::vector<float> x(examples, 1.0f);
@@ -356,8 +485,11 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
         }
         if (step % 3 == 0) grads[(towers - 1) / 2][3][static_cast<std::size_t>(step) * 611] = std::nanf("");
         const step_stats stats = step_and_load(reference, devices, b, grads);
-        const screen_partials partials = emulated_checked_step(kind, devices, variables, weights, options.max_grad_norm,
-                                                               optim::adam::constants<float>(h, done + 1));
+        const auto constants = optim::adam::constants<float>(h, done + 1);
+        const screen_partials partials =
+            kind == backend::sharded
+                ? emulated_sharded_checked_step(devices, owners, weights, options.max_grad_norm, constants)
+                : emulated_checked_step(kind, devices, variables, weights, options.max_grad_norm, constants);
         if (stats.skipped) {
           REQUIRE(partials.first_nonfinite != no_nonfinite);
           const nonfinite_place place = decode_nonfinite_key(partials.first_nonfinite);

@@ -11,6 +11,7 @@
 #include <cuda/functional>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "towerpipe/core/host_memory.hpp"
@@ -51,8 +52,11 @@ __global__ void __launch_bounds__(screen_warps_per_block * 32)
 class device_screen {
  public:
   device_screen(const variable_set& variables, int device)
+      : device_screen(make_chunk_table(variables, screen_tile_elements), device) {}
+  // The screen of some of the tiles (reduce::sharded: an owner's), in the order given.
+  device_screen(std::vector<tensor_chunk> tiles, int device)
       : device_(device),
-        tiles_(make_chunk_table(variables, screen_tile_elements)),
+        tiles_(std::move(tiles)),
         device_tiles_(cuda_device_memory{device}.allocate<tensor_chunk>(std::max<std::size_t>(tiles_.size(), 1), 256)),
         tile_sums_(cuda_device_memory{device}.allocate<double>(std::max<std::size_t>(tiles_.size(), 1), 256)),
         first_nonfinite_(cuda_device_memory{device}.allocate<nonfinite_key>(1, 256)),

@@ -24,6 +24,8 @@
 //   double sum_across_processes(double)                 for reducers whose towers span processes
 //                                                       (reduce::sharded): every tower's weight and the
 //                                                       step's loss count every process's examples
+//   std::vector<std::size_t> state_bytes_per_tower(towers) const   for reducers that spread the optimizer
+//                                                       state over the towers' devices (reduce::sharded)
 
 #include <cstddef>
 #include <type_traits>
@@ -66,6 +68,7 @@ TOWERPIPE_DETECT_MEMBER(reducer_has_state_slots, std::declval<const T&>().state_
 TOWERPIPE_DETECT_MEMBER(reducer_has_state_on_host, std::declval<T&>().state_on_host(std::size_t{}, std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std::size_t{}, std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
+TOWERPIPE_DETECT_MEMBER(reducer_spreads_state, std::declval<const T&>().state_bytes_per_tower(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_spans_processes,
                         std::declval<T&>().weights_across_processes(std::declval<const std::vector<shard>&>(),
                                                                     std::declval<std::size_t&>()));

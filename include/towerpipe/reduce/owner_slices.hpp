@@ -1,0 +1,87 @@
+#pragma once
+// The chunk table (reduce/chunk_table.hpp) cut into one contiguous run of chunks per owner, balanced by
+// elements, and the pointer tables of an owner's compact storage of its slice (its part of the
+// optimizer state, of a checked step's average): reduce::sharded for GPU towers gives tower t's device
+// slice t. Plain C++: the host tests run the owners' agents over these tables.
+//
+// A slice is whole chunks, so it starts where a chunk starts: on a multiple of chunk_elements inside a
+// variable, hence of the screen's tile (reduce/screen.hpp) when chunk_elements is a multiple of it, and
+// each screen tile belongs to one owner. The slices in owner order list the chunks, and so the tiles, in
+// the table's order.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/reduce/chunk_table.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+struct owner_slice {
+  chunk_group chunks;                 // [first, last) of the chunk table; empty where there are more owners than chunks
+  std::vector<element_range> ranges;  // the elements of each variable the slice holds, in variable order
+  std::size_t elements = 0;
+
+  bool empty() const { return chunks.first == chunks.last; }
+  // The chunks of the slice, for an owner's own chunk table.
+  std::vector<tensor_chunk> chunk_list(const std::vector<tensor_chunk>& table) const {
+    return {table.begin() + static_cast<std::ptrdiff_t>(chunks.first), table.begin() + static_cast<std::ptrdiff_t>(chunks.last)};
+  }
+};
+
+// Owner k takes the chunks that start before (k + 1) / owners of all elements and after the previous
+// owner's: every owner ends within one chunk of an equal share.
+inline std::vector<owner_slice> cut_into_slices(const std::vector<tensor_chunk>& table, std::size_t owners) {
+  if (owners == 0) fail("cut_into_slices: no owners");
+  std::size_t total = 0;
+  for (const tensor_chunk& chunk : table) total += chunk.count;
+  std::vector<owner_slice> slices(owners);
+  std::size_t chunk = 0, done = 0;
+  for (std::size_t k = 0; k < owners; ++k) {
+    owner_slice& slice = slices[k];
+    slice.chunks.first = chunk;
+    const std::size_t share_end = total * (k + 1) / owners;  // exact in 64 bits for any table that fits in memory
+    while (chunk < table.size() && (k + 1 == owners || done < share_end)) {
+      done += table[chunk].count;
+      slice.elements += table[chunk++].count;
+    }
+    slice.chunks.last = chunk;
+    if (!slice.empty()) slice.ranges = group_ranges(table, slice.chunks);
+  }
+  return slices;
+}
+
+// The slice's screen tiles (reduce/screen.hpp), in order: the tiles of the whole table that lie in the
+// slice, when the chunks start on multiples of tile_elements.
+inline std::vector<tensor_chunk> slice_tiles(const owner_slice& slice, std::size_t tile_elements) {
+  std::vector<tensor_chunk> tiles;
+  for (const element_range& range : slice.ranges) {
+    for (std::size_t first = range.begin; first < range.end; first += tile_elements)
+      tiles.push_back({static_cast<int>(range.variable), static_cast<unsigned>(first),
+                       static_cast<unsigned>(std::min(tile_elements, range.end - first))});
+  }
+  return tiles;
+}
+
+// For compact storage of a slice at `base` (its ranges end to end): one pointer per variable such that
+// pointer[v] + i is element i of variable v for every i in the slice's range of v, nullptr for the
+// variables it does not hold — the form pointer_table's users index with a variable's own element
+// numbers. Computed in unsigned address arithmetic (base - range.begin may lie before the allocation;
+// adding back an element index inside the range lands inside it again, modulo 2^64).
+template <class T>
+std::vector<T*> slice_pointers(const owner_slice& slice, T* base, std::size_t variable_count) {
+  std::vector<T*> pointers(variable_count, nullptr);
+  std::size_t offset = 0;
+  for (const element_range& range : slice.ranges) {
+    const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(base + offset) - range.begin * sizeof(T);
+    pointers[range.variable] = reinterpret_cast<T*>(address);
+    offset += range.end - range.begin;
+  }
+  return pointers;
+}
+
+}  // namespace detail
+}  // namespace towerpipe
