@@ -177,14 +177,12 @@ class sharded_device_reducer {
           start(device, true),
           end(device, true),
           chunks(slice.chunk_list(table), device),
-          state_storage(cuda_device_memory{device}.allocate<T>(std::max<std::size_t>(1, static_cast<std::size_t>(slots) * slice.elements), 256)),
+          state_storage(cuda_device_memory{device}.allocate<T>(static_cast<std::size_t>(slots) * slice.elements, 256)),  // zeros
           state(state_pointers(variables, slots), static_cast<int>(variables.count()), device),
           gradients(gather_pointers<T>(every_tower(towers, &cuda_towers<Layout>::gradients)),
                     static_cast<int>(variables.count()), device),
           replicas(gather_pointers<T>(every_tower(towers, &cuda_towers<Layout>::replica)),
                    static_cast<int>(variables.count()), device) {
-      device_guard on(device);
-      TOWERPIPE_CUDA_CHECK(cudaMemset(state_storage.get(), 0, std::max<std::size_t>(1, static_cast<std::size_t>(slots) * slice.elements) * sizeof(T)));
       if (checked) checked_ = std::make_unique<checked_buffers>(variables, slice, device);
     }
 
