@@ -407,7 +407,7 @@ screen_partials emulated_sharded_checked_step(emulated_devices<Optim, Layout>& d
   for (std::size_t k = 0; k < owners.slices().size(); ++k) {
     accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{{gradients, n, {}}, owners.average(k), {}};
     std::copy(weights.begin(), weights.end(), source.inner.weights.value);
-    screen_tiles(source, owners.average(k), slice_tiles(owners.slices()[k], screen_tile_elements), partials);
+    screen_tiles(source, owners.average(k), make_chunk_table(owners.slices()[k].ranges, screen_tile_elements), partials);
   }
   if (partials.first_nonfinite != no_nonfinite) return partials;
   const float coefficient = clip_coefficient(partials, max_norm);

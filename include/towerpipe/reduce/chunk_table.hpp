@@ -24,16 +24,30 @@ struct tensor_chunk {
   unsigned count;
 };
 
-inline std::vector<tensor_chunk> make_chunk_table(const variable_set& variables, std::size_t chunk_elements) {
+// The elements [begin, end) of one variable.
+struct element_range {
+  std::size_t variable, begin, end;
+};
+
+// Chunks of chunk_elements from each range's start, in the ranges' order (the last of each shorter).
+inline std::vector<tensor_chunk> make_chunk_table(const std::vector<element_range>& ranges, std::size_t chunk_elements) {
   std::vector<tensor_chunk> chunks;
+  for (const element_range& range : ranges) {
+    for (std::size_t first = range.begin; first < range.end; first += chunk_elements)
+      chunks.push_back({static_cast<int>(range.variable), static_cast<unsigned>(first),
+                        static_cast<unsigned>(std::min(chunk_elements, range.end - first))});
+  }
+  return chunks;
+}
+
+inline std::vector<tensor_chunk> make_chunk_table(const variable_set& variables, std::size_t chunk_elements) {
+  std::vector<element_range> whole;
   for (std::size_t v = 0; v < variables.count(); ++v) {
     if (variables[v].size > 0xFFFFFFFFu)
       detail::fail("variable '", variables[v].name, "' has ", variables[v].size, " elements; at most 2^32 - 1 supported");
-    for (std::size_t first = 0; first < variables[v].size; first += chunk_elements)
-      chunks.push_back({static_cast<int>(v), static_cast<unsigned>(first),
-                        static_cast<unsigned>(std::min(chunk_elements, variables[v].size - first))});
+    whole.push_back({v, 0, variables[v].size});
   }
-  return chunks;
+  return make_chunk_table(whole, chunk_elements);
 }
 
 // Consecutive runs of chunks [first, last) of about group_elements elements each (a chunk larger than
@@ -56,10 +70,6 @@ inline std::vector<chunk_group> group_chunks(const std::vector<tensor_chunk>& ch
 
 // The elements [begin, end) of each variable a group touches, in variable order. Chunk tables list
 // each variable's chunks consecutively and in order, so these ranges are contiguous.
-struct element_range {
-  std::size_t variable, begin, end;
-};
-
 inline std::vector<element_range> group_ranges(const std::vector<tensor_chunk>& chunks, const chunk_group& group) {
   std::vector<element_range> ranges;
   for (std::size_t c = group.first; c < group.last; ++c) {

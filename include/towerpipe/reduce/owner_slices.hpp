@@ -6,10 +6,10 @@
 //
 // A slice is whole chunks, so it starts where a chunk starts: on a multiple of chunk_elements inside a
 // variable, hence of the screen's tile (reduce/screen.hpp) when chunk_elements is a multiple of it, and
-// each screen tile belongs to one owner. The slices in owner order list the chunks, and so the tiles, in
+// each screen tile belongs to one owner: make_chunk_table(slice.ranges, screen_tile_elements) lists
+// the slice's tiles. The slices in owner order list the chunks, and so the tiles, in
 // the table's order.
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -52,18 +52,6 @@ inline std::vector<owner_slice> cut_into_slices(const std::vector<tensor_chunk>&
     if (!slice.empty()) slice.ranges = group_ranges(table, slice.chunks);
   }
   return slices;
-}
-
-// The slice's screen tiles (reduce/screen.hpp), in order: the tiles of the whole table that lie in the
-// slice, when the chunks start on multiples of tile_elements.
-inline std::vector<tensor_chunk> slice_tiles(const owner_slice& slice, std::size_t tile_elements) {
-  std::vector<tensor_chunk> tiles;
-  for (const element_range& range : slice.ranges) {
-    for (std::size_t first = range.begin; first < range.end; first += tile_elements)
-      tiles.push_back({static_cast<int>(range.variable), static_cast<unsigned>(first),
-                       static_cast<unsigned>(std::min(tile_elements, range.end - first))});
-  }
-  return tiles;
 }
 
 // For compact storage of a slice at `base` (its ranges end to end): one pointer per variable such that

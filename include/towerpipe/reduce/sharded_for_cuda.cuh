@@ -58,7 +58,7 @@ class sharded_device_reducer {
 
   sharded_device_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
                          const pipeline_options& options)
-      : variables_(variables), slots_(Optim::state_slots(h)), host_mirror_(variables) {
+      : slots_(Optim::state_slots(h)), host_mirror_(variables) {
     const std::size_t n = towers.towers();
     check_device_tower_count("reduce::sharded", n);
     if (options.processes && options.processes->size() > 1)
@@ -103,17 +103,14 @@ class sharded_device_reducer {
                           weights, o->checked().table.view(), step);
       o->end.record(o->stream);
     }
+    // The towers may write their gradients again once every owner has read them.
+    stages.reduce = wait_for_owners(towers, "sharded average + screen");
     screen_partials all;
-    double slowest = 0.0;
     for (auto& o : owners_) {
-      o->end.synchronize();  // the towers may write their gradients again once every owner has read them
-      slowest = std::max(slowest, seconds_between(o->start, o->end));
-      towers.device_span(o->tower, o->start, o->end, "sharded average + screen", "reduce (GPU) owner ", o->tower);
       const screen_partials mine = o->checked().screen.results();
       all.tile_sums.insert(all.tile_sums.end(), mine.tile_sums.begin(), mine.tile_sums.end());
       all.first_nonfinite = std::min(all.first_nonfinite, mine.first_nonfinite);
     }
-    stages.reduce = slowest;
     return all;
   }
 
@@ -160,7 +157,7 @@ class sharded_device_reducer {
     checked_buffers(const variable_set& variables, const owner_slice& slice, int device)
         : storage(cuda_device_memory{device}.allocate<T>(slice.elements, 256)),
           table(slice_pointers(slice, storage.get(), variables.count()), static_cast<int>(variables.count()), device),
-          screen(slice_tiles(slice, screen_tile_elements), device) {}
+          screen(make_chunk_table(slice.ranges, screen_tile_elements), device) {}
     cuda_device_memory::owner<T> storage;
     device_pointer_table<T> table;  // role 0: the average, indexed as a whole variable
     device_screen screen;
@@ -241,6 +238,12 @@ class sharded_device_reducer {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       for (auto& o : owners_) o->end.make_wait(towers.stream(t));
     }
+    return wait_for_owners(towers, span_name);
+  }
+
+  // The host waits for every owner's end event; each owner's span goes on the timeline. Returns the
+  // slowest owner's seconds.
+  double wait_for_owners(cuda_towers<Layout>& towers, const char* span_name) {
     double slowest = 0.0;
     for (auto& o : owners_) {
       o->end.synchronize();
@@ -266,7 +269,6 @@ class sharded_device_reducer {
     }
   }
 
-  const variable_set& variables_;
   int slots_;
   typename Layout::template buffer<host_memory> host_mirror_;
   std::vector<std::unique_ptr<owner>> owners_;  // one per tower with a non-empty slice
