@@ -46,7 +46,6 @@
 #include <utility>
 #include <vector>
 
-#include "towerpipe/comm/process_group.hpp"
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/variable_set.hpp"
@@ -56,6 +55,7 @@
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/reduce/screen.hpp"
+#include "towerpipe/reduce/sharded_processes.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
 
@@ -72,26 +72,6 @@ struct sharded {
 }  // namespace reduce
 
 namespace detail {
-
-// A group of one process: what reduce::sharded uses without pipeline_options::processes.
-class single_process final : public process_group {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string describe() const override { return "one process"; }
-  std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char*) override {
-    return {std::string(static_cast<const char*>(data), bytes)};
-  }
-  void all_to_all(const char* send, const std::vector<std::size_t>& send_offsets, const std::vector<std::size_t>& send_bytes,
-                  char* recv, const std::vector<std::size_t>& recv_offsets, const std::vector<std::size_t>&,
-                  const char*) override {
-    std::memcpy(recv + recv_offsets[0], send + send_offsets[0], send_bytes[0]);
-  }
-  void all_gather_blocks(const char* mine, char* out, const std::vector<std::size_t>& block_offsets,
-                         const std::vector<std::size_t>& block_bytes, const char*) override {
-    std::memcpy(out + block_offsets[0], mine, block_bytes[0]);
-  }
-};
 
 // The flat element space (every variable's elements, in variable order) and its slices, one per process.
 // Slices start where screen tiles start (reduce/screen.hpp: 2048 elements from each variable's start), so
@@ -144,22 +124,6 @@ class slice_plan {
   std::size_t total_ = 0;
 };
 
-// What every process compares before the first step, a line each ("key: value").
-template <class Optim, class Layout>
-std::vector<std::string> sharded_fingerprint(const variable_set& variables, const typename Optim::hyper_parameters& h,
-                                             std::size_t towers, const pipeline_options& options) {
-  std::vector<std::string> lines{
-      make_message("library: towerpipe ", TOWERPIPE_VERSION_MAJOR, ".", TOWERPIPE_VERSION_MINOR, ".", TOWERPIPE_VERSION_PATCH),
-      make_message("layout: ", Layout::name, ", ", sizeof(typename Layout::value_type), "-byte values"),
-      make_message("optimizer: ", Optim::name, " ", Optim::describe(h)),
-      make_message("towers per process: ", towers),
-      make_message("split: ", options.split == split_policy::weighted ? "weighted" : "drop_remainder"),
-      make_message("variables: ", variables.count())};
-  for (std::size_t v = 0; v < variables.count(); ++v)
-    lines.push_back(make_message("variable ", v, ": '", variables[v].name, "' ", to_string(variables[v].shape)));
-  return lines;
-}
-
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 template <class Optim, class Layout>
 class sharded_host_reducer {
@@ -176,17 +140,13 @@ class sharded_host_reducer {
   sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>& towers,
                        const pipeline_options& options)
       : variables_(variables),
-        group_(options.processes ? options.processes : std::make_shared<single_process>()),
-        rank_(group_->rank()),
-        processes_(group_->size()),
-        local_towers_(towers.towers()),
+        span_(options, towers.towers(), sharded_fingerprint<Optim, Layout>("host", variables, h, towers.towers(), options)),
+        rank_(span_.rank()),
+        processes_(span_.size()),
+        local_towers_(span_.local_towers()),
         plan_(variables, processes_),
         partials_(is_power_of_two(local_towers_)),
         contributions_(partials_ ? 1 : local_towers_) {
-    check_fingerprint(sharded_fingerprint<Optim, Layout>(variables, h, local_towers_, options));
-    if (takes_checked_steps(options, false) && local_towers_ * static_cast<std::size_t>(processes_) >= nonfinite_sum_tower)
-      fail("a checked pipeline takes at most ", nonfinite_sum_tower - 1, " towers over all processes, ",
-           local_towers_ * static_cast<std::size_t>(processes_), " requested");
     const std::size_t mine = plan_.size(rank_);
     for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(mine, T(0));
     send_.resize(contributions_ * plan_.total());
@@ -200,36 +160,10 @@ class sharded_host_reducer {
     }
   }
 
-  // The processes' shard sizes, rank-major: every tower's weight examples_i / all examples (as
-  // plan_split computes it in one process); returns this process's towers' weights and sets `examples`
-  // to the count over every process.
   std::vector<double> weights_across_processes(const std::vector<shard>& shards, std::size_t& examples) {
-    std::vector<std::uint64_t> mine;
-    for (const shard& s : shards) mine.push_back(s.examples);
-    std::vector<std::uint64_t> counts;
-    for (const std::string& bytes : group_->all_gather(mine.data(), mine.size() * sizeof(std::uint64_t), "gathering shard sizes")) {
-      const std::size_t before = counts.size();
-      counts.resize(before + bytes.size() / sizeof(std::uint64_t));
-      std::memcpy(counts.data() + before, bytes.data(), bytes.size());
-    }
-    std::uint64_t used = 0;
-    for (std::uint64_t c : counts) used += c;
-    examples = static_cast<std::size_t>(used);
-    std::vector<double> local;
-    for (std::size_t t = 0; t < local_towers_; ++t)
-      local.push_back(static_cast<double>(counts[static_cast<std::size_t>(rank_) * local_towers_ + t]) / static_cast<double>(used));
-    return local;
+    return span_.weights_across_processes(shards, examples);
   }
-  // The sum over processes, in rank order (the same bits on every process).
-  double sum_across_processes(double value) {
-    double total = 0;
-    for (const std::string& bytes : group_->all_gather(&value, sizeof value, "summing the loss")) {
-      double part = 0;
-      std::memcpy(&part, bytes.data(), sizeof part);
-      total += part;
-    }
-    return total;
-  }
+  double sum_across_processes(double value) { return span_.sum_across_processes(value); }
 
   std::size_t state_slots() const { return state_.size(); }
   // Collective (see the top): gathers the slot's slices, once per slot between steps.
@@ -293,7 +227,7 @@ class sharded_host_reducer {
     }
     nonfinite_key first_key = raw;
     for (nonfinite_key key : keys) first_key = std::min(first_key, key);
-    screen_partials partials = share_screen(first_key, tile_sums);
+    screen_partials partials = span_.share_screen({tile_sums, first_key});
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return partials;
   }
@@ -312,25 +246,6 @@ class sharded_host_reducer {
 
  private:
   static bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
-
-  void check_fingerprint(const std::vector<std::string>& lines) {
-    std::string text;
-    for (const std::string& line : lines) text += line + '\n';
-    const std::vector<std::string> all = group_->all_gather(text.data(), text.size(), "the configuration check before the first step");
-    for (std::size_t r = 1; r < all.size(); ++r) {
-      if (all[r] == all[0]) continue;
-      const auto lines_of = [](const std::string& s) {
-        std::vector<std::string> result;
-        for (std::size_t at = 0, end; at < s.size(); at = end + 1) result.push_back(s.substr(at, (end = s.find('\n', at)) - at));
-        return result;
-      };
-      const std::vector<std::string> first = lines_of(all[0]), other = lines_of(all[r]);
-      std::size_t i = 0;
-      while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
-      fail("reduce::sharded over ", group_->describe(), ": the processes differ before the first step: rank ", r, " has '",
-           i < other.size() ? other[i] : "(nothing)", "' where rank 0 has '", i < first.size() ? first[i] : "(nothing)", "'");
-    }
-  }
 
   std::size_t tasks(std::size_t lo, std::size_t hi) const { return (hi - lo + work_elements - 1) / work_elements; }
 
@@ -370,7 +285,7 @@ class sharded_host_reducer {
               if (screen && bad != 0)
                 keys[task] = std::min(keys[task], first_nonfinite_in<T>(g, static_cast<unsigned>(n), static_cast<int>(v),
                                                                         static_cast<unsigned>(first + begin),
-                                                                        static_cast<unsigned>(global_tower(t))));
+                                                                        static_cast<unsigned>(span_.global_tower(t))));
             };
             if (!partials_) {  // each tower's product, tower after tower: the owner runs the whole tree
               for (std::size_t t = 0; t < local_towers_; ++t) weigh(t, to_owner + t * (end - start) + at);
@@ -393,8 +308,6 @@ class sharded_host_reducer {
     return first;
   }
 
-  std::size_t global_tower(std::size_t local) const { return static_cast<std::size_t>(rank_) * local_towers_ + local; }
-
   void exchange_contributions() {
     if (processes_ == 1) return;
     std::vector<std::size_t> send_offsets, send_bytes, recv_offsets, recv_bytes;
@@ -405,7 +318,7 @@ class sharded_host_reducer {
       recv_offsets.push_back(static_cast<std::size_t>(r) * contributions_ * mine * sizeof(T));
       recv_bytes.push_back(contributions_ * mine * sizeof(T));
     }
-    group_->all_to_all(reinterpret_cast<const char*>(send_.data()), send_offsets, send_bytes,
+    span_.group().all_to_all(reinterpret_cast<const char*>(send_.data()), send_offsets, send_bytes,
                        reinterpret_cast<char*>(received_.data()), recv_offsets, recv_bytes, "sending gradients to their owners");
   }
 
@@ -459,24 +372,6 @@ class sharded_host_reducer {
     stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
   }
 
-  // Every process's first non-finite key (the least wins) and its tiles' sums (owners' tiles follow in
-  // rank order, as tiles follow in flat order).
-  screen_partials share_screen(nonfinite_key first, const std::vector<double>& tile_sums) {
-    std::string mine(sizeof first + tile_sums.size() * sizeof(double), '\0');
-    std::memcpy(mine.data(), &first, sizeof first);
-    std::memcpy(mine.data() + sizeof first, tile_sums.data(), tile_sums.size() * sizeof(double));
-    screen_partials partials;
-    for (const std::string& part : group_->all_gather(mine.data(), mine.size(), "sharing the gradient screen")) {
-      nonfinite_key key = no_nonfinite;
-      std::memcpy(&key, part.data(), sizeof key);
-      partials.first_nonfinite = std::min(partials.first_nonfinite, key);
-      const std::size_t before = partials.tile_sums.size();
-      partials.tile_sums.resize(before + (part.size() - sizeof key) / sizeof(double));
-      std::memcpy(partials.tile_sums.data() + before, part.data() + sizeof key, part.size() - sizeof key);
-    }
-    return partials;
-  }
-
   // Every process's slice of `slice` (this process's, plan_.size(rank_) values) into gathered_.
   void gather(const T* slice, const char* what) {
     std::vector<std::size_t> offsets, bytes;
@@ -484,7 +379,7 @@ class sharded_host_reducer {
       offsets.push_back(plan_.first(r) * sizeof(T));
       bytes.push_back(plan_.size(r) * sizeof(T));
     }
-    group_->all_gather_blocks(reinterpret_cast<const char*>(slice), reinterpret_cast<char*>(gathered_.data()), offsets, bytes, what);
+    span_.group().all_gather_blocks(reinterpret_cast<const char*>(slice), reinterpret_cast<char*>(gathered_.data()), offsets, bytes, what);
   }
 
   // All of the new parameters (`all`, in flat order) into the towers' shared parameters.
@@ -497,7 +392,7 @@ class sharded_host_reducer {
   }
 
   const variable_set& variables_;
-  std::shared_ptr<process_group> group_;
+  sharded_processes span_;
   int rank_, processes_;
   std::size_t local_towers_;
   slice_plan plan_;
