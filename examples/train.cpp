@@ -31,7 +31,8 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --backend NAME        host | sharded | device0 | p2p_tree (the last two: GPU towers)
                                                    [device0 with GPU towers, else host]
   --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
-                        --towers host towers in each, --batch-size split over every process's towers
+                        --towers towers in each (GPU towers where visible, their exchange staged
+                        through pinned host memory), --batch-size split over every process's towers
                         (mpirun -np 4 train --ranks ...; only rank 0 prints)
   --optimizer NAME      sgd | momentum (sgd, momentum 0.9) | adam | adamw       [adam]
   --layout NAME         flat | per_variable                                      [flat]
@@ -153,7 +154,6 @@ options parse(int argc, char** argv) {
     if (o.compare_backends) throw usage_error("--ranks runs one training: it takes no --compare-backends");
     if (!o.backend.empty() && o.backend != "sharded") throw usage_error("--ranks trains with --backend sharded, not " + o.backend);
     o.backend = "sharded";
-    o.cpu_towers = true;  // reduce::sharded across processes takes host towers for now
   }
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   o.gpu_towers = !o.cpu_towers && visible_gpus() > 0;

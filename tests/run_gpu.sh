@@ -2,7 +2,8 @@
 # The GPU check, for a machine with a CUDA device. Phases, in order (PHASES to choose,
 # default all of them):
 #   build     configure and build for sm_90 (ARCH to change) in build/gpu
-#   test      the whole test suite (host and GPU) through ctest
+#   test      the whole test suite (host and GPU) through ctest, then reduce::sharded across processes
+#             with GPU towers under mpirun (MPI staged through host memory, and NCCL)
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck (2 towers, time-limited)
 #   bench     the benchmarks (BENCH=quick for the quick subset), the PyTorch anchors where .device/anchors
 #             holds them, and table.md: the README's table with every target checked
@@ -62,6 +63,20 @@ fi
 if wanted test; then
   step ctest ctest --test-dir build/gpu --output-on-failure
   grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout" "$out/ctest.log" >>"$out/summary.txt"
+  # reduce::sharded with GPU towers across processes, against one process bitwise: two ranks sharing the
+  # GPU through pinned host memory (L = 2: partials; L = 3: every tower's product), NCCL with one rank
+  # (NCCL refuses two ranks on one GPU), the towers' buffers copied (as without peer access), and a
+  # mismatched rank refused on both.
+  if [ -x build/gpu/tests/towerpipe_gpu_mpi_tests ]; then
+    mpirun=(mpirun --allow-run-as-root --oversubscribe)
+    step mpi_gpu_staged "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests equal 2
+    step mpi_gpu_staged_l3 "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests equal 3
+    step mpi_gpu_nccl "${mpirun[@]}" -np 1 build/gpu/tests/towerpipe_gpu_mpi_tests nccl 4
+    step mpi_gpu_copied "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests copied 2
+    step mpi_gpu_mismatch "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests mismatch
+  else
+    echo "towerpipe_gpu_mpi_tests not built (no MPI or no NCCL found)" >>"$out/summary.txt"
+  fi
 fi
 
 if wanted sanitize; then
@@ -69,7 +84,11 @@ if wanted sanitize; then
   export TOWERPIPE_TEST_MAX_TOWERS=2
   step memcheck timeout 240 compute-sanitizer --tool memcheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests
   step racecheck timeout 150 compute-sanitizer --tool racecheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests "[backends]"
-  grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/memcheck.log" "$out/racecheck.log" >>"$out/summary.txt"
+  if [ -x build/gpu/tests/towerpipe_gpu_mpi_tests ]; then  # the across-processes kernels, one rank, staged
+    step memcheck_mpi timeout 120 mpirun --allow-run-as-root -np 1 compute-sanitizer --tool memcheck --error-exitcode 1 \
+      build/gpu/tests/towerpipe_gpu_mpi_tests equal 2
+  fi
+  grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out"/memcheck*.log "$out/racecheck.log" >>"$out/summary.txt"
   unset TOWERPIPE_TEST_MAX_TOWERS
 fi
 

@@ -41,6 +41,11 @@ struct pipeline_options {
   // exec::cuda: tower i runs on devices[i % devices.size()]; empty: towers round-robin over every
   // visible device. Several towers may share a device.
   std::vector<int> devices;
+  // exec::cuda: whether the device reductions read and write other towers' buffers directly where they
+  // can (one device, or peer access between two), or copy them everywhere (cudaMemcpyPeerAsync), as they
+  // do between devices without peer access. false is slower; it serves machines whose peer access is
+  // unreliable, and tests of the copying paths on any machine, one GPU included.
+  bool direct_device_access = true;
   // Where steps record their spans (trace/timeline.hpp); null: no recording. Must outlive the pipeline.
   timeline* trace = nullptr;
   // Debug: before each tower function, fill its gradient buffers with a signalling-NaN pattern, and fail

@@ -159,8 +159,10 @@ void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h
   }
 }
 
+// direct: pipeline_options::direct_device_access; false makes the backends copy every tower's buffers
+// as they do between devices without peer access, which one GPU can then test.
 template <class Reduce, class Layout>
-void check_all_optimizers(std::uint64_t salt) {
+void check_all_optimizers(std::uint64_t salt, bool direct = true) {
   optim::sgd::hyper_parameters momentum;
   momentum.lr = 0.05;
   momentum.momentum = 0.9;
@@ -172,6 +174,7 @@ void check_all_optimizers(std::uint64_t salt) {
   pipeline_options unchecked, checked;
   unchecked.on_nonfinite = nonfinite_policy::unchecked;
   checked.max_grad_norm = 1.0;
+  unchecked.direct_device_access = checked.direct_device_access = direct;
   for (const pipeline_options& options : {unchecked, checked}) {
     for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
       check_backend<Reduce, optim::sgd, Layout>(towers, momentum, salt + towers, options);
@@ -194,6 +197,14 @@ TEST_CASE("sharded equals the host pipeline bitwise (flat)", "[gpu][backends]") 
 }
 TEST_CASE("sharded equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
   check_all_optimizers<reduce::sharded, layout::per_variable<float>>(400);
+}
+
+TEST_CASE("device0, p2p_tree and sharded copying instead of addressing other towers' buffers equal the host bitwise",
+          "[gpu][copies]") {
+  check_all_optimizers<reduce::device0, layout::flat<float>>(500, false);
+  check_all_optimizers<reduce::p2p_tree, layout::per_variable<float>>(600, false);
+  check_all_optimizers<reduce::sharded, layout::flat<float>>(700, false);
+  check_all_optimizers<reduce::sharded, layout::per_variable<float>>(800, false);
 }
 
 // reduce::sharded holds on each tower's device only its slice of the state: whole 4096-element chunks

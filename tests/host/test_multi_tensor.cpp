@@ -6,6 +6,7 @@
 // state (reduce/owner_slices.hpp).
 #include <towerpipe/reduce/agents.hpp>
 #include <towerpipe/reduce/owner_slices.hpp>
+#include <towerpipe/reduce/process_agents.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -137,6 +138,20 @@ class emulated_devices {
 
 enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree, sharded };
 
+optim::sgd::hyper_parameters momentum_hyper_parameters() {
+  optim::sgd::hyper_parameters h;
+  h.lr = 0.05;
+  h.momentum = 0.9;
+  h.weight_decay = 0.01;
+  return h;
+}
+optim::adam::hyper_parameters adam_hyper_parameters() {
+  optim::adam::hyper_parameters h;
+  h.lr = 0.01;
+  h.weight_decay = 0.1;
+  return h;
+}
+
 // reduce::sharded's owners for GPU towers: owner k holds slice k of the chunk table and only that
 // slice's optimizer state and checked-step average, in compact storage reached through slice_pointers.
 class emulated_owners {
@@ -174,16 +189,39 @@ class emulated_owners {
   std::vector<std::vector<float*>> state_pointers_, average_pointers_;
 };
 
-// One step of the host reference on `grads` ([tower][variable]), and the same gradients into the
+// One step's random gradients: [tower][variable].
+std::vector<std::vector<std::vector<float>>> draw_gradients(random_source& random, const variable_set& variables,
+                                                            std::size_t towers) {
+  std::vector<std::vector<std::vector<float>>> grads(towers);
+  for (auto& tower : grads) {
+    for (const variable& v : variables) tower.push_back(random.wide(v.size));
+  }
+  return grads;
+}
+
+// A skipped step's report: the screen found what the host pipeline reported.
+void check_same_nonfinite(const screen_partials& partials, const step_stats& stats) {
+  REQUIRE(partials.first_nonfinite != no_nonfinite);
+  const nonfinite_place place = decode_nonfinite_key(partials.first_nonfinite);
+  CHECK(place.variable == stats.nonfinite->variable);
+  CHECK(place.element == stats.nonfinite->element);
+  CHECK(place.tower == *stats.nonfinite->tower);
+}
+
+// One step of the host reference on `grads` ([tower][variable]); step_and_load: and the same gradients into the
 // emulated devices' buffers.
-template <class Trainer, class Devices>
-step_stats step_and_load(Trainer& reference, Devices& devices, const batch& b,
-                         const std::vector<std::vector<std::vector<float>>>& grads) {
-  const step_stats stats = reference.step(b, [&](typename Trainer::tower_context& tower) {
+template <class Trainer>
+step_stats reference_step(Trainer& reference, const batch& b, const std::vector<std::vector<std::vector<float>>>& grads) {
+  return reference.step(b, [&](typename Trainer::tower_context& tower) {
     for (std::size_t v = 0; v < grads[tower.tower()].size(); ++v)
       tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
     return 0.0;
   });
+}
+template <class Trainer, class Devices>
+step_stats step_and_load(Trainer& reference, Devices& devices, const batch& b,
+                         const std::vector<std::vector<std::vector<float>>>& grads) {
+  const step_stats stats = reference_step(reference, b, grads);
   for (std::size_t t = 0; t < grads.size(); ++t) {
     for (std::size_t v = 0; v < grads[t].size(); ++v)
       std::copy(grads[t][v].begin(), grads[t][v].end(), devices.gradients(t).data(v));
@@ -215,10 +253,7 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
     batch b;
     b.add("x", x.data(), examples, {1});
     for (std::int64_t step = 1; step <= 10; ++step) {
-      std::vector<std::vector<std::vector<float>>> grads(towers);
-      for (std::size_t t = 0; t < towers; ++t) {
-        for (const variable& v : variables) grads[t].push_back(random.wide(v.size));
-      }
+      const auto grads = draw_gradients(random, variables, towers);
       step_and_load(reference, devices, b, grads);
       devices.poison_replicas();
       const auto constants = Optim::template constants<float>(h, step);
@@ -285,13 +320,8 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
 
 TEMPLATE_TEST_CASE("emulated device backends equal the host pipeline bitwise for 1..8 towers",
                    "[multi_tensor][canonical]", layout::flat<float>, layout::per_variable<float>) {
-  optim::sgd::hyper_parameters momentum;
-  momentum.lr = 0.05;
-  momentum.momentum = 0.9;
-  momentum.weight_decay = 0.01;
-  optim::adam::hyper_parameters adam;
-  adam.lr = 0.01;
-  adam.weight_decay = 0.1;
+  const optim::sgd::hyper_parameters momentum = momentum_hyper_parameters();
+  const optim::adam::hyper_parameters adam = adam_hyper_parameters();
   for (backend kind : {backend::device0_unrolled, backend::device0_runtime_towers, backend::p2p_tree, backend::sharded}) {
     check_emulated_backend<optim::sgd, TestType>(kind, momentum, 61);
     check_emulated_backend<optim::adam, TestType>(kind, adam, 62);
@@ -479,10 +509,7 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
       std::int64_t done = 0;
       for (int step = 1; step <= 6; ++step) {
         INFO("step " << step);
-        std::vector<std::vector<std::vector<float>>> grads(towers);
-        for (std::size_t t = 0; t < towers; ++t) {
-          for (const variable& v : variables) grads[t].push_back(random.wide(v.size));
-        }
+        auto grads = draw_gradients(random, variables, towers);
         if (step % 3 == 0) grads[(towers - 1) / 2][3][static_cast<std::size_t>(step) * 611] = std::nanf("");
         const step_stats stats = step_and_load(reference, devices, b, grads);
         const auto constants = optim::adam::constants<float>(h, done + 1);
@@ -491,11 +518,7 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
                 ? emulated_sharded_checked_step(devices, owners, weights, options.max_grad_norm, constants)
                 : emulated_checked_step(kind, devices, variables, weights, options.max_grad_norm, constants);
         if (stats.skipped) {
-          REQUIRE(partials.first_nonfinite != no_nonfinite);
-          const nonfinite_place place = decode_nonfinite_key(partials.first_nonfinite);
-          CHECK(place.variable == stats.nonfinite->variable);
-          CHECK(place.element == stats.nonfinite->element);
-          CHECK(place.tower == *stats.nonfinite->tower);
+          check_same_nonfinite(partials, stats);
           continue;
         }
         ++done;
@@ -508,5 +531,197 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
         }
       }
     }
+  }
+}
+
+namespace {
+
+// reduce::sharded for GPU towers across processes (reduce/sharded_across_processes.cuh), emulated: each
+// process's towers as above, its buffers laid out by exchange_plan, the transport done by copies.
+template <class Optim, class Layout>
+struct emulated_process {
+  emulated_process(const variable_set& variables, int processes, int rank, std::size_t towers,
+                   const typename Optim::hyper_parameters& h)
+      : devices(variables, towers, h, screen_tile_elements),
+        plan(devices.chunks(), variables.count(), processes, rank, (towers & (towers - 1)) == 0 ? 1 : towers),
+        send(plan.send_elements()),
+        received(plan.receive_elements()),
+        state(static_cast<std::size_t>(Optim::state_slots(h)) * plan.mine().elements),
+        updated(plan.mine().elements),
+        averaged(plan.mine().elements),
+        gathered(plan.total()),
+        received_rows(plan.received_row_pointers(received.data())),
+        master(slice_pointers(plan.mine(), updated.data(), variables.count())),
+        averaged_pointers(slice_pointers(plan.mine(), averaged.data(), variables.count())),
+        gathered_pointers(flat_pointers(gathered.data(), variables)),
+        slots(Optim::state_slots(h)),
+        variables_(static_cast<int>(variables.count())) {
+    for (int s = 0; s < Optim::state_slots(h); ++s) {
+      const std::vector<float*> slot = slice_pointers(plan.mine(), state.data() + s * plan.mine().elements, variables.count());
+      state_pointers.insert(state_pointers.end(), slot.begin(), slot.end());
+    }
+    state_pointers.push_back(nullptr);  // never empty
+  }
+
+  // The pipeline's set_parameter, as the reducer hears it (parameter_set): its slice of the master copy.
+  void parameter_set(std::size_t v, const std::vector<float>& values) {
+    std::size_t offset = 0;
+    for (const element_range& r : plan.mine().ranges) {
+      if (r.variable == v) std::copy(values.begin() + r.begin, values.begin() + r.end, updated.begin() + offset);
+      offset += r.end - r.begin;
+    }
+  }
+  // The owner's optimizer: its master copy of the slice, which the gather sends.
+  optimizer_apply<Optim, float> apply(const typename Optim::template step_constants<float>& c) {
+    return {{master.data(), variables_}, {state_pointers.data(), variables_}, 1, slots, c, {}};
+  }
+  pointer_table<const float> rows() const { return {received_rows.data(), variables_}; }
+  pointer_table<float> averaged_table() { return {averaged_pointers.data(), variables_}; }
+  std::vector<tensor_chunk> my_chunks() const { return plan.mine().chunk_list(devices.chunks()); }
+
+  emulated_devices<Optim, Layout> devices;
+  exchange_plan plan;
+  std::vector<float> send, received, state, updated, averaged, gathered;
+  std::vector<float*> received_rows, master, averaged_pointers, gathered_pointers, state_pointers;
+  int slots, variables_;
+};
+
+// One step of every process: contributions, the all-to-all, each owner's pass(es), the gather and the
+// local broadcast. Checked: the screen over every owner's tiles in owner order, and the first non-finite
+// key over the senders' raw screens and the owners' sums; skipped steps stop there.
+template <class Optim, class Layout>
+screen_partials emulated_process_step(std::vector<emulated_process<Optim, Layout>>& processes, const std::vector<float>& weights,
+                                      bool checked, double max_norm, const typename Optim::template step_constants<float>& c) {
+  const auto bytes_at = [](std::vector<float>& buffer, std::size_t byte_offset) {
+    return reinterpret_cast<char*>(buffer.data()) + byte_offset;
+  };
+  screen_partials partials;
+  for (std::size_t p = 0; p < processes.size(); ++p) {
+    auto& sender = processes[p];
+    const int towers = sender.devices.towers();
+    contribution_agent<float> agent{{sender.devices.gradient_table().pointers, sender.variables_}, towers,
+                                    sender.plan.contributions() == 1, {}, static_cast<unsigned>(p) * static_cast<unsigned>(towers),
+                                    {}, checked ? &partials.first_nonfinite : nullptr};
+    std::copy(weights.begin() + static_cast<std::ptrdiff_t>(p) * towers, weights.begin() + static_cast<std::ptrdiff_t>(p + 1) * towers,
+              agent.weights.value);
+    for (int owner = 0; owner < sender.plan.processes(); ++owner) {
+      const std::vector<float*> rows = sender.plan.send_row_pointers(owner, sender.send.data());
+      agent.rows = {rows.data(), sender.variables_};
+      run_agent_on_host(agent, sender.plan.slice(owner).chunk_list(sender.devices.chunks()));
+    }
+  }
+  for (std::size_t owner = 0; owner < processes.size(); ++owner) {
+    for (std::size_t p = 0; p < processes.size(); ++p) {
+      const auto out = processes[p].plan.send_blocks(sizeof(float));
+      const auto in = processes[owner].plan.receive_blocks(sizeof(float));
+      REQUIRE(out.bytes[owner] == in.bytes[p]);
+      std::memcpy(bytes_at(processes[owner].received, in.offsets[p]), bytes_at(processes[p].send, out.offsets[owner]), in.bytes[p]);
+    }
+  }
+  float coefficient = 1.0f;
+  if (checked) {
+    for (auto& owner : processes) {
+      const accumulating_source<rows_sum_source<float>, float> source{{owner.rows(), owner.plan.rows()}, owner.averaged_table(), {}};
+      screen_tiles(source, owner.averaged_table(), make_chunk_table(owner.plan.mine().ranges, screen_tile_elements), partials);
+    }
+    if (partials.first_nonfinite != no_nonfinite) return partials;
+    coefficient = clip_coefficient(partials, max_norm);
+  }
+  for (auto& owner : processes) {
+    if (checked) {
+      const pointer_table<const float> average{owner.averaged_pointers.data(), owner.variables_};
+      run_agent_on_host(fused_apply_agent<Optim, float, 1>{average, 1, {coefficient}, owner.apply(c)}, owner.my_chunks());
+    } else {
+      run_agent_on_host(rows_apply_agent<Optim, float>{{owner.rows(), owner.plan.rows()}, owner.apply(c)}, owner.my_chunks());
+    }
+  }
+  for (auto& process : processes) {
+    const auto blocks = process.plan.gather_blocks(sizeof(float));
+    for (std::size_t owner = 0; owner < processes.size(); ++owner)
+      std::memcpy(bytes_at(process.gathered, blocks.offsets[owner]), processes[owner].updated.data(), blocks.bytes[owner]);
+    const pointer_table<const float> source{process.gathered_pointers.data(), process.variables_};
+    run_agent_on_host(copy_agent<float>{source, process.devices.replica_table(), process.devices.towers()}, process.devices.chunks());
+  }
+  return partials;
+}
+
+template <class Optim, class Layout>
+void check_emulated_processes(const typename Optim::hyper_parameters& h, bool checked, std::uint64_t salt) {
+  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
+  // "tail" spans five screen tiles (the chunks here), the last one partial: slices cut through it.
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {9001}}};
+  random_source random(salt);
+  for (int count = 1; count <= 3; ++count) {
+    for (std::size_t towers = 1; towers <= 4; ++towers) {
+      INFO(Optim::name << " " << Layout::name << (checked ? ", checked" : "") << ", " << count << " processes x " << towers
+                       << " towers, seed " << random.seed());
+      const std::size_t all = towers * static_cast<std::size_t>(count), examples = 3 * all - 1;
+      pipeline_options options;
+      if (checked) options.max_grad_norm = 3.0;
+      else options.on_nonfinite = nonfinite_policy::unchecked;
+      trainer reference(variables, {{"x", dtype::float32, {1}}}, all, h, options);
+      std::vector<emulated_process<Optim, Layout>> processes;
+      for (int r = 0; r < count; ++r) processes.emplace_back(variables, count, r, towers, h);
+      std::vector<float> weights;
+      for (const shard& s : plan_split(examples, all, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
+      for (std::size_t v = 0; v < variables.count(); ++v) {
+        const std::vector<float> initial = random.normal(variables[v].size);
+        reference.set_parameter(v, initial.data(), initial.size());
+        for (auto& p : processes) {
+          for (std::size_t t = 0; t < towers; ++t) std::copy(initial.begin(), initial.end(), p.devices.replica(t).data(v));
+          p.parameter_set(v, initial);
+        }
+      }
+      const std::vector<float> x(examples, 1.0f);
+      batch b;
+      b.add("x", x.data(), examples, {1});
+      std::int64_t done = 0;
+      for (int step = 1; step <= 5; ++step) {
+        INFO("step " << step);
+        auto grads = draw_gradients(random, variables, all);
+        if (checked && step == 3) grads[all - 1][3][7000] = std::nanf("");
+        const step_stats stats = reference_step(reference, b, grads);
+        for (std::size_t g = 0; g < all; ++g) {
+          for (std::size_t v = 0; v < variables.count(); ++v)
+            std::copy(grads[g][v].begin(), grads[g][v].end(), processes[g / towers].devices.gradients(g % towers).data(v));
+        }
+        for (auto& p : processes) p.devices.poison_replicas();
+        const auto constants = Optim::template constants<float>(h, done + 1);
+        const screen_partials partials = emulated_process_step(processes, weights, checked, options.max_grad_norm, constants);
+        if (stats.skipped) {
+          check_same_nonfinite(partials, stats);
+          // The skipped step wrote nothing; the replicas the test poisoned get the reference's values back.
+          for (auto& p : processes) {
+            for (std::size_t t = 1; t < towers; ++t) {
+              for (std::size_t v = 0; v < variables.count(); ++v)
+                std::copy(reference.parameter(v).begin(), reference.parameter(v).end(), p.devices.replica(t).data(v));
+            }
+          }
+          continue;
+        }
+        ++done;
+        if (checked) CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
+        for (auto& p : processes) {
+          for (std::size_t t = 0; t < towers; ++t) {
+            for (std::size_t v = 0; v < variables.count(); ++v)
+              REQUIRE(first_bitwise_difference(p.devices.replica(t).view(v), reference.parameter(v)) == -1);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated GPU towers across processes (contributions, exchange, owners, gather) equal one process "
+                   "bitwise",
+                   "[multi_tensor][sharded]", layout::flat<float>, layout::per_variable<float>) {
+  const optim::sgd::hyper_parameters momentum = momentum_hyper_parameters();
+  const optim::adam::hyper_parameters adam = adam_hyper_parameters();
+  for (bool checked : {false, true}) {
+    check_emulated_processes<optim::sgd, TestType>(momentum, checked, 81);
+    check_emulated_processes<optim::adam, TestType>(adam, checked, 82);
+    check_emulated_processes<optim::adamw, TestType>(optim::adamw::hyper_parameters{}, checked, 83);
   }
 }

@@ -14,6 +14,13 @@
 //                then hangs or crashes in its own teardown in about 1 run of 10 under load, after every
 //                process has reported and aborted; that would make the test flaky, not the library.)
 //
+// The GPU build (sharded_equivalence_gpu.cu, TOWERPIPE_TEST_GPU_TOWERS) runs the sharded pipeline's towers
+// on GPUs (reduce/sharded_across_processes.cuh) against the same host reference: mode "equal" exchanges
+// through pinned host memory over MPI (several processes may share a GPU), mode "nccl L" through NCCL
+// (one GPU per process), mode "copied L" as "equal" with pipeline_options::direct_device_access off
+// (the towers' buffers copied, as between devices without peer access). Without a CUDA device it exits
+// with 77 (skipped).
+//
 // Exit status 0: every check held on this process. Failures print "rank R: ..." lines.
 
 #include <mpi.h>
@@ -30,13 +37,28 @@
 
 #include <towerpipe/comm/mpi.hpp>
 #include <towerpipe/towerpipe.hpp>
+#if defined(TOWERPIPE_TEST_GPU_TOWERS)
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <towerpipe/comm/nccl_over_mpi.cuh>
+#include <towerpipe/cuda.cuh>
+#endif
 
 namespace {
 
 using namespace towerpipe;
 
+// The sharded pipeline's towers: host, or (the GPU build) CUDA.
+#if defined(TOWERPIPE_TEST_GPU_TOWERS)
+using sharded_exec = exec::cuda;
+#else
+using sharded_exec = exec::host;
+#endif
+
 int rank = 0, processes = 1;
 int failures = 0;
+bool direct_device_access = true;  // the GPU build's mode "copied" turns it off
 
 void check(bool ok, const std::string& what) {
   if (ok) return;
@@ -61,35 +83,59 @@ std::vector<input_spec> model_inputs() {
   return {{"x", dtype::float32, {features}}, {"y", dtype::float32, {targets}}};
 }
 
+// A tower's values as a host vector, and back: its memory is the host's for exec::host and its device's
+// for exec::cuda (the GPU build of this file, where cudaMemcpyDefault serves both).
+template <class T>
+std::vector<T> fetch(const T* values, std::size_t count) {
+  std::vector<T> copy(count);
+#if defined(TOWERPIPE_TEST_GPU_TOWERS)
+  if (cudaMemcpy(copy.data(), values, count * sizeof(T), cudaMemcpyDefault) != cudaSuccess) throw std::runtime_error("cudaMemcpy");
+#else
+  std::copy(values, values + count, copy.begin());
+#endif
+  return copy;
+}
+void store(float* target, const std::vector<double>& values, double divisor) {
+  std::vector<float> rounded(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) rounded[i] = static_cast<float>(values[i] / divisor);
+#if defined(TOWERPIPE_TEST_GPU_TOWERS)
+  if (cudaMemcpy(target, rounded.data(), rounded.size() * sizeof(float), cudaMemcpyDefault) != cudaSuccess)
+    throw std::runtime_error("cudaMemcpy");
+#else
+  std::copy(rounded.begin(), rounded.end(), target);
+#endif
+}
+
 // poison: write a NaN into element 3 of "scale" (a checked step must skip, naming this tower).
 template <class Context>
 double linear_tower(Context& tower, bool poison = false) {
-  const auto x = tower.template input<float>("x");
-  const auto y = tower.template input<float>("y");
-  const auto w = tower.parameter(0), b = tower.parameter(1), scale = tower.parameter(2);
-  auto gw = tower.gradient(0), gb = tower.gradient(1), gs = tower.gradient(2);
-  const std::size_t examples = x.examples();
+  const auto x_view = tower.template input<float>("x");
+  const std::size_t examples = x_view.examples();
+  const std::vector<float> x = fetch(x_view.data(), examples * features);
+  const std::vector<float> y = fetch(tower.template input<float>("y").data(), examples * targets);
+  const std::vector<float> w = fetch(tower.parameter(0).data(), targets * features), b = fetch(tower.parameter(1).data(), targets);
+  const std::vector<float> scale = fetch(tower.parameter(2).data(), tower.parameter(2).size());
   const double n = static_cast<double>(examples);
   std::vector<double> dw(targets * features, 0.0), db(targets, 0.0), ds(scale.size(), 0.0);
   double loss = 0;
   for (std::size_t e = 0; e < examples; ++e) {
     for (std::size_t o = 0; o < targets; ++o) {
-      double z = b.data()[o] - y(e, o);
-      for (std::size_t f = 0; f < features; ++f) z += w.data()[o * features + f] * x(e, f);
+      double z = b[o] - y[e * targets + o];
+      for (std::size_t f = 0; f < features; ++f) z += w[o * features + f] * x[e * features + f];
       loss += 0.5 * z * z;
       db[o] += z;
-      for (std::size_t f = 0; f < features; ++f) dw[o * features + f] += z * x(e, f);
+      for (std::size_t f = 0; f < features; ++f) dw[o * features + f] += z * x[e * features + f];
     }
     for (std::size_t k = 0; k < scale.size(); ++k) {
-      const double s = scale.data()[k] * x(e, 0);
+      const double s = scale[k] * x[e * features];
       loss += 0.5 * s * s;
-      ds[k] += s * x(e, 0);
+      ds[k] += s * x[e * features];
     }
   }
-  for (std::size_t i = 0; i < dw.size(); ++i) gw.data()[i] = static_cast<float>(dw[i] / n);
-  for (std::size_t i = 0; i < db.size(); ++i) gb.data()[i] = static_cast<float>(db[i] / n);
-  for (std::size_t i = 0; i < ds.size(); ++i) gs.data()[i] = static_cast<float>(ds[i] / n);
-  if (poison) gs.data()[3] = std::nanf("");
+  if (poison) ds[3] = std::nan("");
+  store(tower.gradient(0).data(), dw, n);
+  store(tower.gradient(1).data(), db, n);
+  store(tower.gradient(2).data(), ds, n);
   return loss / n;
 }
 
@@ -162,9 +208,10 @@ void equal_to_one_process(std::size_t local_towers, const typename Optim::hyper_
     single_options.on_nonfinite = sharded_options.on_nonfinite = nonfinite_policy::unchecked;
   }
   single_options.host_threads = sharded_options.host_threads = 2;
+  sharded_options.direct_device_access = direct_device_access;
   sharded_options.processes = group;
   using single_type = pipeline<exec::host, reduce::host, Optim, Layout>;
-  using sharded_type = pipeline<exec::host, reduce::sharded, Optim, Layout>;
+  using sharded_type = pipeline<sharded_exec, reduce::sharded, Optim, Layout>;
   single_type single(model_variables(), model_inputs(), towers, h, single_options);
   auto sharded = std::make_unique<sharded_type>(model_variables(), model_inputs(), local_towers, h, sharded_options);
   initialize(single);
@@ -264,7 +311,7 @@ void mismatch(const std::shared_ptr<process_group>& group) {
   options.processes = group;
   const bool odd_one = rank == processes - 1;
   try {
-    pipeline<exec::host, reduce::sharded, optim::adam, layout::flat<float>> p(model_variables(odd_one ? 9001 : 9000),
+    pipeline<sharded_exec, reduce::sharded, optim::adam, layout::flat<float>> p(model_variables(odd_one ? 9001 : 9000),
                                                                                 model_inputs(), 1, {}, options);
     check(false, "a process with another variable shape was accepted");
   } catch (const towerpipe::error& e) {
@@ -281,14 +328,32 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &processes);
-  const std::string mode = argc > 1 ? argv[1] : "equal";
+  std::string mode = argc > 1 ? argv[1] : "equal";
+#if defined(TOWERPIPE_TEST_GPU_TOWERS)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("rank %d: no CUDA device: skipped\n", rank);
+    MPI_Finalize();
+    return 77;
+  }
+#endif
   try {
     if (mode == "stalled" && rank == processes - 1) {
       std::this_thread::sleep_for(std::chrono::seconds(40));
       MPI_Finalize();
       return 0;
     }
-    const auto group = std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" ? 3 : 60));
+    std::shared_ptr<process_group> group =
+        std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" ? 3 : 60));
+#if defined(TOWERPIPE_TEST_GPU_TOWERS)
+    if (mode == "nccl") {  // the same checks with NCCL moving the device buffers (one GPU per process)
+      group = nccl_process_group_over_mpi(MPI_COMM_WORLD, rank % devices);
+      mode = "equal";
+    } else if (mode == "copied") {  // the same, copying the towers' buffers as without peer access
+      direct_device_access = false;
+      mode = "equal";
+    }
+#endif
     if (mode == "equal") {
       const std::size_t local_towers = argc > 2 ? std::stoul(argv[2]) : 1;
       every_optimizer<layout::flat<float>>(local_towers, group);
@@ -299,7 +364,7 @@ int main(int argc, char** argv) {
       pipeline_options options;
       options.on_nonfinite = nonfinite_policy::unchecked;
       options.processes = group;
-      pipeline<exec::host, reduce::sharded, optim::sgd, layout::flat<float>> p(model_variables(), model_inputs(), 1, {}, options);
+      pipeline<sharded_exec, reduce::sharded, optim::sgd, layout::flat<float>> p(model_variables(), model_inputs(), 1, {}, options);
       check(false, "a pipeline was built although a process had left");
     } else {
       check(false, "unknown mode " + mode);

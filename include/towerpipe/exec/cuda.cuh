@@ -66,6 +66,7 @@ class cuda_towers {
         pool_(host_thread_count(options)),
         tracer_(options.trace),
         poison_(options.poison_gradients),
+        direct_access_(options.direct_device_access),
         host_mirror_(variables),
         written_(towers, std::vector<char>(variables.count(), 0)),
         losses_(cuda_pinned_memory{}.allocate<float>(towers)) {
@@ -103,7 +104,10 @@ class cuda_towers {
 
   std::size_t towers() const { return towers_.size(); }
   int device(std::size_t t) const { return devices_[t]; }
-  bool can_access(int reader, int owner) const { return reader == owner || peers_.count({reader, owner}) != 0; }
+  // Whether a kernel on `reader` may use `owner`'s memory directly (pipeline_options::direct_device_access).
+  bool can_access(int reader, int owner) const {
+    return direct_access_ && (reader == owner || peers_.count({reader, owner}) != 0);
+  }
   thread_pool& pool() { return pool_; }
 
   const cuda_stream& stream(std::size_t t) const { return towers_[t]->stream; }
@@ -254,6 +258,7 @@ class cuda_towers {
   thread_pool pool_;
   tracer tracer_;
   bool poison_;
+  bool direct_access_;  // pipeline_options::direct_device_access
   host_buffer host_mirror_;
   std::vector<std::unique_ptr<tower>> towers_;
   std::vector<std::vector<char>> written_;

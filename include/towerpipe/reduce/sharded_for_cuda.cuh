@@ -17,9 +17,13 @@
 // start where screen tiles start (chunks are whole tiles), so the owners' tile sums in owner order are
 // the whole table's, and the first non-finite key is their minimum. Then each owner applies.
 //
-// Needs peer access between every owner's device and every tower's (or one device for all); it says so
-// at construction otherwise. Not yet: several processes with GPU towers (reduce::sharded across
-// processes takes host towers, reduce/sharded.hpp), mixed precision.
+// Where an owner's device cannot address a tower's (no peer access, or
+// pipeline_options::direct_device_access off), the owner copies that tower's slice of the gradients in
+// and its new slice of the parameters out, with a one-time warning through the log sink. Not yet: mixed
+// precision.
+//
+// With pipeline_options::processes, the towers of several processes: reduce/sharded_across_processes.cuh
+// (sharded_gpu_reducer below chooses).
 
 #include <cuda_runtime.h>
 
@@ -29,11 +33,13 @@
 #include <vector>
 
 #include "towerpipe/core/host_memory.hpp"
+#include "towerpipe/core/log.hpp"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/cuda/screen_kernel.cuh"
+#include "towerpipe/cuda/slice_copy.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/pipeline_options.hpp"
 #include "towerpipe/reduce/agents.hpp"
@@ -41,6 +47,8 @@
 #include "towerpipe/reduce/owner_slices.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/reduce/sharded.hpp"
+#include "towerpipe/reduce/sharded_across_processes.cuh"
+#include "towerpipe/reduce/sharded_processes.hpp"
 #include "towerpipe/stats.hpp"
 
 namespace towerpipe {
@@ -51,26 +59,13 @@ class sharded_device_reducer {
  public:
   using T = typename Layout::value_type;
   using hyper_parameters = typename Optim::hyper_parameters;
-  static_assert(std::is_same<T, master_type_t<T>>::value,
-                "towerpipe: reduce::sharded with 16-bit GPU towers (mixed precision) is not supported yet; use reduce::device0");
-  static_assert(Policy::chunk_elements % screen_tile_elements == 0,
-                "towerpipe: reduce::sharded needs chunks of whole screen tiles, so that each tile has one owner");
+  static_assert(check_sharded_gpu_types<T, Policy>());
 
   sharded_device_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
                          const pipeline_options& options)
       : slots_(Optim::state_slots(h)), host_mirror_(variables) {
     const std::size_t n = towers.towers();
     check_device_tower_count("reduce::sharded", n);
-    if (options.processes && options.processes->size() > 1)
-      fail("reduce::sharded with GPU towers runs in one process for now (pipeline_options::processes has ",
-           options.processes->size(), "); across processes it takes host towers");
-    for (std::size_t k = 0; k < n; ++k) {
-      for (std::size_t t = 0; t < n; ++t) {
-        if (!towers.can_access(towers.device(k), towers.device(t)))
-          fail("reduce::sharded: tower ", k, "'s device ", towers.device(k), " has no peer access to tower ", t,
-               "'s device ", towers.device(t), "; every owner reads and writes every tower (reduce::device0 copies instead)");
-      }
-    }
     const std::vector<tensor_chunk> table = make_chunk_table(variables, Policy::chunk_elements);
     const bool checked = takes_checked_steps(options, false);
     std::vector<owner_slice> slices = cut_into_slices(table, n);
@@ -85,8 +80,10 @@ class sharded_device_reducer {
     for (auto& o : owners_) {
       device_guard on(o->device);
       wait_for_gradients(towers, *o);
+      o->stage_in(towers, true, true);
       launch_fused_apply<Policy, Optim, T>(o->chunks, o->stream, static_cast<int>(towers.towers()), o->gradients.const_view(),
                                            weights, apply_for(*o, towers, constants));
+      o->stage_out(towers);
     }
     stages.reduce = finish(towers, "sharded average + apply + broadcast");
   }
@@ -98,6 +95,7 @@ class sharded_device_reducer {
     for (auto& o : owners_) {
       device_guard on(o->device);
       wait_for_gradients(towers, *o);
+      o->stage_in(towers, true, false);
       o->checked().screen.reset(o->stream);
       launch_tower_screen(o->checked().screen, o->stream, static_cast<int>(towers.towers()), o->gradients.const_view(),
                           weights, o->checked().table.view(), step);
@@ -121,8 +119,10 @@ class sharded_device_reducer {
     for (auto& o : owners_) {
       device_guard on(o->device);
       o->start.record(o->stream);
+      o->stage_in(towers, false, true);
       launch_fused_apply_for<Policy, 1>(o->chunks, o->stream, 1, o->checked().table.const_view(), std::vector<T>{scale},
                                         apply_for(*o, towers, constants));
+      o->stage_out(towers);
     }
     stages.reduce += finish(towers, "sharded apply + broadcast");
   }
@@ -152,18 +152,12 @@ class sharded_device_reducer {
   }
 
  private:
-  // A checked step's slice of the average (or running sum, with accumulation) and the screen of its tiles.
-  struct checked_buffers {
-    checked_buffers(const variable_set& variables, const owner_slice& slice, int device)
-        : storage(cuda_device_memory{device}.allocate<T>(slice.elements, 256)),
-          table(slice_pointers(slice, storage.get(), variables.count()), static_cast<int>(variables.count()), device),
-          screen(make_chunk_table(slice.ranges, screen_tile_elements), device) {}
-    cuda_device_memory::owner<T> storage;
-    device_pointer_table<T> table;  // role 0: the average, indexed as a whole variable
-    device_screen screen;
-  };
+  using checked_buffers = sharded_checked_buffers<T>;
 
-  // One owner: tower `tower`'s device, its slice, its slice of the state.
+  // One owner: tower `tower`'s device, its slice, its slice of the state. It reads and writes the towers'
+  // buffers directly where its device can (pipeline_options::direct_device_access, peer access); for
+  // the others it copies their slice of the gradients in and its new slice of the parameters out
+  // (cuda/slice_copy.cuh), through compact buffers of its own.
   struct owner {
     owner(const variable_set& variables, const std::vector<tensor_chunk>& table, owner_slice owned, std::size_t k,
           cuda_towers<Layout>& towers, int slots, bool checked)
@@ -176,9 +170,10 @@ class sharded_device_reducer {
           chunks(slice.chunk_list(table), device),
           state_storage(cuda_device_memory{device}.allocate<T>(static_cast<std::size_t>(slots) * slice.elements, 256)),  // zeros
           state(state_pointers(variables, slots), static_cast<int>(variables.count()), device),
-          gradients(gather_pointers<T>(every_tower(towers, &cuda_towers<Layout>::gradients)),
+          staged(stage_where_needed(towers)),
+          gradients(tower_pointers(towers, &cuda_towers<Layout>::gradients, &copies::gradients, variables.count()),
                     static_cast<int>(variables.count()), device),
-          replicas(gather_pointers<T>(every_tower(towers, &cuda_towers<Layout>::replica)),
+          replicas(tower_pointers(towers, &cuda_towers<Layout>::replica, &copies::replica, variables.count()),
                    static_cast<int>(variables.count()), device) {
       if (checked) checked_ = std::make_unique<checked_buffers>(variables, slice, device);
     }
@@ -189,6 +184,32 @@ class sharded_device_reducer {
     }
     T* slot_base(std::size_t slot) const { return state_storage.get() + slot * slice.elements; }
 
+    // On the owner's stream: the copied towers' slices of their gradients, and replica 0's (the master
+    // copy the optimizer reads) where it is copied; then, after the kernel, the new slice to the copied towers.
+    void stage_in(cuda_towers<Layout>& towers, bool gradients_too, bool master_too) {
+      for (std::size_t t = 0; t < staged.size(); ++t) {
+        if (!staged[t]) continue;
+        if (gradients_too)
+          copy_slice_async(slice, slice_copy::into_compact, towers.gradients(t), towers.device(t), staged[t]->gradients.get(),
+                           device, stream);
+        if (master_too && t == 0)
+          copy_slice_async(slice, slice_copy::into_compact, towers.replica(0), towers.device(0), staged[0]->replica.get(), device,
+                           stream);
+      }
+    }
+    void stage_out(cuda_towers<Layout>& towers) {
+      for (std::size_t t = 0; t < staged.size(); ++t) {
+        if (staged[t])
+          copy_slice_async(slice, slice_copy::out_of_compact, towers.replica(t), towers.device(t), staged[t]->replica.get(), device,
+                           stream);
+      }
+    }
+
+    // A copied tower's slice of its gradients and replica, on the owner's device.
+    struct copies {
+      cuda_device_memory::owner<T> gradients, replica;
+    };
+
     std::size_t tower;
     int device;
     owner_slice slice;
@@ -197,6 +218,7 @@ class sharded_device_reducer {
     device_chunk_table chunks;
     cuda_device_memory::owner<T> state_storage;  // slot after slot, each the slice's elements end to end
     device_pointer_table<T> state;               // role = slot, indexed as whole variables
+    std::vector<std::unique_ptr<copies>> staged;  // per tower; null: read and written directly
     device_pointer_table<T> gradients;           // role = tower
     device_pointer_table<T> replicas;            // role = tower; replica 0 is the master copy every owner reads
     std::unique_ptr<checked_buffers> checked_;
@@ -211,12 +233,29 @@ class sharded_device_reducer {
       if (pointers.empty()) pointers.push_back(nullptr);  // a table needs one entry to allocate
       return pointers;
     }
-    // Every tower's buffer of one kind, in tower order (the canonical tree's).
+    std::vector<std::unique_ptr<copies>> stage_where_needed(cuda_towers<Layout>& towers) const {
+      std::vector<std::unique_ptr<copies>> result(towers.towers());
+      for (std::size_t t = 0; t < towers.towers(); ++t) {
+        if (towers.can_access(device, towers.device(t))) continue;
+        log_warning(make_message("reduce::sharded: owner ", tower, " (device ", device, ") does not reach tower ", t,
+                                 " (device ", towers.device(t), ") directly; its slice of that tower's buffers is copied"));
+        const cuda_device_memory memory{device};
+        result[t] = std::make_unique<copies>(copies{memory.allocate<T>(slice.elements, 256), memory.allocate<T>(slice.elements, 256)});
+      }
+      return result;
+    }
+    // Every tower's buffer of one kind, in tower order (the canonical tree's): the tower's own, or the
+    // owner's compact copy of its slice.
     using buffer_of = typename cuda_towers<Layout>::device_buffer& (cuda_towers<Layout>::*)(std::size_t);
-    static std::vector<typename cuda_towers<Layout>::device_buffer*> every_tower(cuda_towers<Layout>& towers, buffer_of which) {
-      std::vector<typename cuda_towers<Layout>::device_buffer*> roles;
-      for (std::size_t t = 0; t < towers.towers(); ++t) roles.push_back(&(towers.*which)(t));
-      return roles;
+    using copy_of = cuda_device_memory::owner<T> copies::*;
+    std::vector<T*> tower_pointers(cuda_towers<Layout>& towers, buffer_of which, copy_of copied, std::size_t variables) const {
+      std::vector<T*> pointers;
+      for (std::size_t t = 0; t < towers.towers(); ++t) {
+        const std::vector<T*> role = staged[t] ? slice_pointers(slice, ((*staged[t]).*copied).get(), variables)
+                                               : gather_pointers<T>(std::vector<typename cuda_towers<Layout>::device_buffer*>{&(towers.*which)(t)});
+        pointers.insert(pointers.end(), role.begin(), role.end());
+      }
+      return pointers;
     }
   };
 
@@ -274,11 +313,69 @@ class sharded_device_reducer {
   std::vector<std::unique_ptr<owner>> owners_;  // one per tower with a non-empty slice
 };
 
+// reduce::sharded for GPU towers: over the towers' devices in this process, or, given a process group
+// (even of one process), across its processes. The choice is made at run time, so that a pipeline's
+// type does not depend on how it is launched.
+template <class Optim, class Layout>
+class sharded_gpu_reducer {
+ public:
+  using T = typename Layout::value_type;
+  using hyper_parameters = typename Optim::hyper_parameters;
+  using constants_type = typename Optim::template step_constants<T>;
+
+  sharded_gpu_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
+                      const pipeline_options& options)
+      : span_(options, towers.towers(), sharded_fingerprint<Optim, Layout>("cuda", variables, h, towers.towers(), options)) {
+    if (options.processes) across_ = std::make_unique<sharded_process_reducer<Optim, Layout>>(variables, h, towers, options, span_);
+    else within_ = std::make_unique<sharded_device_reducer<Optim, Layout>>(variables, h, towers, options);
+  }
+
+  std::vector<double> weights_across_processes(const std::vector<shard>& shards, std::size_t& examples) {
+    return span_.weights_across_processes(shards, examples);
+  }
+  double sum_across_processes(double value) { return span_.sum_across_processes(value); }
+
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
+                         stage_seconds& stages) {
+    either([&](auto& r) { r.average_and_apply(towers, weights, constants, stages); });
+  }
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
+                                 stage_seconds& stages) {
+    return either([&](auto& r) { return r.screen_average(towers, weights, step, stages); });
+  }
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const constants_type& constants, stage_seconds& stages) {
+    either([&](auto& r) { r.apply_averaged(towers, scale, constants, stages); });
+  }
+  void parameter_set(std::size_t index, const T* values) {
+    if (across_) across_->parameter_set(index, values);  // within one process, the owners read tower 0's replica
+  }
+  std::size_t state_slots() const { return within_ ? within_->state_slots() : across_->state_slots(); }
+  std::vector<std::size_t> state_bytes_per_tower(std::size_t towers) const {
+    return within_ ? within_->state_bytes_per_tower(towers) : across_->state_bytes_per_tower(towers);
+  }
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
+    return either([&](auto& r) { return r.state_on_host(slot, index); });
+  }
+  void set_state(std::size_t slot, std::size_t index, const T* values) {
+    either([&](auto& r) { r.set_state(slot, index, values); });
+  }
+
+ private:
+  template <class F>
+  decltype(auto) either(F&& f) {
+    return within_ ? f(*within_) : f(*across_);
+  }
+
+  sharded_processes span_;
+  std::unique_ptr<sharded_device_reducer<Optim, Layout>> within_;
+  std::unique_ptr<sharded_process_reducer<Optim, Layout>> across_;
+};
+
 }  // namespace detail
 
 template <class Optim, class Layout>
 struct reducer_for<exec::cuda, reduce::sharded, Optim, Layout> {
-  using type = detail::sharded_device_reducer<Optim, Layout>;
+  using type = detail::sharded_gpu_reducer<Optim, Layout>;
 };
 
 }  // namespace towerpipe

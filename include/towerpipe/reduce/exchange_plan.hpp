@@ -1,0 +1,119 @@
+#pragma once
+// Where reduce::sharded's contributions travel between processes with GPU towers
+// (reduce/sharded_across_processes.cuh): the chunk table cut into one slice per process
+// (reduce/owner_slices.hpp: whole chunks, so whole screen tiles), and the buffers of the exchange, in
+// elements, as every process computes them alike. Plain C++: the host tests emulate the exchange with it.
+//
+//   send buffer     owner-major: owner r's block at contributions * first(r), its contributions (rows)
+//                   one after another, each slice(r).elements long: one block per owner, whatever the
+//                   rows, so that the all-to-all moves one piece per pair of processes.
+//   receive buffer  rank-major: process p's block at p * contributions * mine, so row k of process p is
+//                   row p * contributions + k: the global order of the canonical tree's leaves.
+//   gather          slice r's new parameters land at first(r) of a buffer of every variable end to end.
+
+#include <cstddef>
+#include <vector>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/reduce/chunk_table.hpp"
+#include "towerpipe/reduce/owner_slices.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+// Rows an owner sums at most (processes x contributions each): the bound of the canonical tree's slots
+// in reduce/process_agents.hpp.
+constexpr int max_process_rows = 1024;
+
+class exchange_plan {
+ public:
+  // contributions: rows each process sends each owner (1: its partial; else one per tower).
+  exchange_plan(const std::vector<tensor_chunk>& table, std::size_t variables, int processes, int rank, std::size_t contributions)
+      : slices_(cut_into_slices(table, static_cast<std::size_t>(processes))),
+        variables_(variables),
+        rank_(rank),
+        contributions_(contributions) {
+    if (static_cast<std::size_t>(processes) * contributions > static_cast<std::size_t>(max_process_rows))
+      fail("reduce::sharded with GPU towers sums at most ", max_process_rows, " contributions per element; ", processes,
+           " processes send ", contributions, " each (use a power-of-two number of towers per process: one each)");
+    std::size_t first = 0;
+    for (const owner_slice& slice : slices_) {
+      first_.push_back(first);
+      first += slice.elements;
+    }
+    total_ = first;
+  }
+
+  int processes() const { return static_cast<int>(slices_.size()); }
+  const owner_slice& slice(int owner) const { return slices_[static_cast<std::size_t>(owner)]; }
+  const owner_slice& mine() const { return slice(rank_); }
+  std::size_t first(int owner) const { return first_[static_cast<std::size_t>(owner)]; }
+  std::size_t total() const { return total_; }
+  std::size_t contributions() const { return contributions_; }
+  // The rows an owner sums: every process's contributions.
+  int rows() const { return processes() * static_cast<int>(contributions_); }
+  std::size_t send_elements() const { return contributions_ * total_; }
+  std::size_t receive_elements() const { return static_cast<std::size_t>(rows()) * mine().elements; }
+
+  // Pointer-table entries (role = row k, then variable) of the rows this process sends `owner`.
+  template <class T>
+  std::vector<T*> send_row_pointers(int owner, T* send) const {
+    return rows_of(slice(owner), send + contributions_ * first(owner), contributions_);
+  }
+  // The same for the rows this process, as owner, received (role = global row).
+  template <class T>
+  std::vector<T*> received_row_pointers(T* received) const {
+    return rows_of(mine(), received, static_cast<std::size_t>(rows()));
+  }
+
+  // Offsets and sizes in bytes, per process, for process_group::all_to_all and all_gather_blocks.
+  struct blocks {
+    std::vector<std::size_t> offsets, bytes;
+  };
+  blocks send_blocks(std::size_t value_bytes) const {
+    blocks b;
+    for (int r = 0; r < processes(); ++r) {
+      b.offsets.push_back(contributions_ * first(r) * value_bytes);
+      b.bytes.push_back(contributions_ * slice(r).elements * value_bytes);
+    }
+    return b;
+  }
+  blocks receive_blocks(std::size_t value_bytes) const {
+    blocks b;
+    for (int r = 0; r < processes(); ++r) {
+      b.offsets.push_back(static_cast<std::size_t>(r) * contributions_ * mine().elements * value_bytes);
+      b.bytes.push_back(contributions_ * mine().elements * value_bytes);
+    }
+    return b;
+  }
+  blocks gather_blocks(std::size_t value_bytes) const {
+    blocks b;
+    for (int r = 0; r < processes(); ++r) {
+      b.offsets.push_back(first(r) * value_bytes);
+      b.bytes.push_back(slice(r).elements * value_bytes);
+    }
+    return b;
+  }
+
+ private:
+  // `count` rows of a slice stored compactly one after another from `base`.
+  template <class T>
+  std::vector<T*> rows_of(const owner_slice& slice, T* base, std::size_t count) const {
+    std::vector<T*> pointers;
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::vector<T*> row = slice_pointers(slice, base + k * slice.elements, variables_);
+      pointers.insert(pointers.end(), row.begin(), row.end());
+    }
+    if (pointers.empty()) pointers.push_back(nullptr);  // a table needs one entry to allocate
+    return pointers;
+  }
+  std::vector<owner_slice> slices_;
+  std::size_t variables_;
+  std::vector<std::size_t> first_;
+  std::size_t total_ = 0;
+  int rank_;
+  std::size_t contributions_;
+};
+
+}  // namespace detail
+}  // namespace towerpipe
