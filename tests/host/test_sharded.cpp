@@ -30,8 +30,10 @@ variable_set awkward_variables() {
 // step `poisoned_step` (counting from 0), tower 1 writes a NaN into element 40 of "tail".
 int poisoned_step = -1;
 bool poison_this_step = false;
+// G: the towers' value type (float, or bfloat16/float16 with mixed precision).
 template <class Context>
 double tower_gradient(Context& tower) {
+  using G = typename Context::value_type;
   const auto x = tower.template input<float>("x");
   float mean = 0;
   for (std::size_t e = 0; e < x.examples(); ++e) mean += x(e, 0);
@@ -39,9 +41,9 @@ double tower_gradient(Context& tower) {
   for (std::size_t v = 0; v < 3; ++v) {
     const auto p = tower.parameter(v);
     auto g = tower.gradient(v);
-    for (std::size_t i = 0; i < g.size(); ++i) g.data()[i] = 0.5f * p.data()[i] + mean * static_cast<float>(i % 7);
+    for (std::size_t i = 0; i < g.size(); ++i) g.data()[i] = G(0.5f * static_cast<float>(p.data()[i]) + mean * static_cast<float>(i % 7));
   }
-  if (poison_this_step && tower.tower() == 1) tower.gradient(2).data()[40] = std::nanf("");
+  if (poison_this_step && tower.tower() == 1) tower.gradient(2).data()[40] = G(std::nanf(""));
   return static_cast<double>(mean);
 }
 
@@ -128,6 +130,23 @@ TEST_CASE("reduce::sharded in one process takes checked steps as reduce::host do
       same_as_reduce_host<layout::flat<float>, optim::adam>(towers, adam, skip_and_clip);
       same_as_reduce_host<layout::per_variable<float>, optim::adam>(towers, adam, accumulate);
       same_as_reduce_host<layout::flat<float>, optim::adam>(towers, adam, scaled);
+    }
+  }
+  poisoned_step = -1;
+}
+
+TEST_CASE("reduce::sharded in one process with 16-bit towers (mixed precision) equals reduce::host bitwise",
+          "[sharded][mixed]") {
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  pipeline_options skip_and_clip;
+  skip_and_clip.max_grad_norm = 0.5;
+  for (int poisoned : {-1, 1}) {
+    poisoned_step = poisoned;
+    for (std::size_t towers : {2, 3}) {
+      INFO(towers << " towers, NaN at step " << poisoned);
+      same_as_reduce_host<layout::flat<bfloat16>, optim::adam>(towers, adam, skip_and_clip);
+      same_as_reduce_host<layout::per_variable<float16>, optim::adam>(towers, adam, skip_and_clip);
     }
   }
   poisoned_step = -1;

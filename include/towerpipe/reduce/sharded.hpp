@@ -32,8 +32,11 @@
 // Checked steps (reduce/screen.hpp: skipping or throwing on non-finite values, clipping, loss scaling,
 // accumulation): the owners keep their slice of the average and screen it; slices start where screen
 // tiles start, so each tile's sum of squares is computed whole by one owner, and every process gathers
-// all of them and the first non-finite key — the same norm, skip and report as in one process. Not yet:
-// mixed precision across processes.
+// all of them and the first non-finite key — the same norm, skip and report as in one process.
+//
+// Mixed precision (bf16/fp16 towers): contributions are the widened gradients' products in the master
+// type, the owners hold their slice of the state in it, and every process gathers the whole master copy
+// (4 bytes a parameter) and rounds it for its towers — as one process's reduce::host does.
 
 #include <algorithm>
 #include <chrono>
@@ -127,11 +130,10 @@ class slice_plan {
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 template <class Optim, class Layout>
 class sharded_host_reducer {
-  static_assert(std::is_floating_point<typename Layout::value_type>::value,
-                "towerpipe: reduce::sharded does not take mixed precision (bf16/fp16 layouts) yet");
-
  public:
-  using T = typename Layout::value_type;
+  using stored_type = typename Layout::value_type;  // the towers' parameters and gradients
+  using T = master_type_t<stored_type>;             // the master parameters, state, sums
+  static constexpr bool mixed = !std::is_same<stored_type, T>::value;
   using hyper_parameters = typename Optim::hyper_parameters;
   using constants_type = typename Optim::template step_constants<T>;
   static constexpr std::size_t block = 256;              // elements per canonical_tree_reduce over scratch rows
@@ -140,7 +142,8 @@ class sharded_host_reducer {
   sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>& towers,
                        const pipeline_options& options)
       : variables_(variables),
-        span_(options, towers.towers(), sharded_fingerprint<Optim, Layout>("host", variables, h, towers.towers(), options)),
+        span_(options, takes_checked_steps(options, mixed), towers.towers(),
+              sharded_fingerprint<Optim, Layout>("host", variables, h, towers.towers(), options)),
         rank_(span_.rank()),
         processes_(span_.size()),
         local_towers_(span_.local_towers()),
@@ -154,7 +157,8 @@ class sharded_host_reducer {
     if (processes_ > 1) received_.resize(contributions_ * static_cast<std::size_t>(processes_) * mine);
     updated_.resize(mine);
     gathered_.resize(plan_.total());
-    if (takes_checked_steps(options, false)) {
+    if constexpr (mixed) master_.resize(plan_.total());
+    if (takes_checked_steps(options, mixed)) {
       averaged_.resize(mine);
       my_tiles_ = plan_.tiles_of(rank_);
     }
@@ -165,11 +169,20 @@ class sharded_host_reducer {
   }
   double sum_across_processes(double value) { return span_.sum_across_processes(value); }
 
+  // Mixed precision: every process keeps the whole master copy (the gather brings it every step), whose
+  // rounded copy the towers see; the pipeline reads it here and sets it through parameter_set.
+  tensor_view<const T> master_on_host(std::size_t index) const {
+    return tensor_view<const T>(master_.data() + plan_.variable_start(index), variables_[index].shape);
+  }
+  void parameter_set(std::size_t index, const T* values) {
+    if constexpr (mixed) std::copy(values, values + variables_[index].size, master_.data() + plan_.variable_start(index));
+  }
+
   std::size_t state_slots() const { return state_.size(); }
   // Collective (see the top): gathers the slot's slices, once per slot between steps.
   tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
     if (gathered_slot_ != static_cast<int>(slot)) {
-      gather(state_[slot].data(), "gathering optimizer state");
+      gather(state_[slot].data(), gathered_.data(), "gathering optimizer state");
       gathered_slot_ = static_cast<int>(slot);
     }
     return tensor_view<const T>(gathered_.data() + plan_.variable_start(index), variables_[index].shape);
@@ -185,6 +198,7 @@ class sharded_host_reducer {
   // One fused step: contributions to their owners, canonical sum, optimizer, parameters gathered.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
                          stage_seconds& stages) {
+    if constexpr (mixed) fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked() says so
     const auto start = std::chrono::steady_clock::now();
     send_contributions(towers, weights, false);
     update_slice(towers, constants, [&](std::size_t j, std::size_t n, const T*& sum, T (&scratch)[32][block]) {
@@ -276,11 +290,12 @@ class sharded_host_reducer {
             const std::size_t n = std::min(block, count - begin), at = flat - start + begin;
             // out[k] = w_t * g_t[k] for the block, noting the first non-finite gradient value.
             const auto weigh = [&](std::size_t t, T* out) {
-              const T* g = towers.gradients(t).data(v) + first + begin;
+              const stored_type* g = towers.gradients(t).data(v) + first + begin;
               unsigned bad = 0;
               for (std::size_t k = 0; k < n; ++k) {
-                out[k] = rounded_mul(weights[t], g[k]);
-                bad |= exponent_all_ones(g[k]);
+                const T x = widen<T>(g[k]);
+                out[k] = rounded_mul(weights[t], x);
+                bad |= exponent_all_ones(x);
               }
               if (screen && bad != 0)
                 keys[task] = std::min(keys[task], first_nonfinite_in<T>(g, static_cast<unsigned>(n), static_cast<int>(v),
@@ -347,7 +362,7 @@ class sharded_host_reducer {
     const std::size_t lo = plan_.first(rank_);
     in_parallel(towers, lo, lo + plan_.size(rank_), [&](std::size_t, std::size_t begin_flat, std::size_t end_flat) {
       plan_.for_each_piece(begin_flat, end_flat, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
-        const T* parameters = towers.shared_parameters().data(v) + first;
+        const T* parameters = master_of(towers, v) + first;
         T scratch[32][block];
         for (std::size_t begin = 0; begin < count; begin += block) {
           const std::size_t n = std::min(block, count - begin), j = flat - lo + begin;
@@ -363,30 +378,40 @@ class sharded_host_reducer {
     });
   }
 
-  // After the owners' updates: every slice to every process, into the towers' parameters.
+  // Variable v of the master parameters: the towers' shared parameters, or (mixed precision) the master copy.
+  const T* master_of(host_towers<Layout>& towers, std::size_t v) const {
+    if constexpr (mixed) return master_.data() + plan_.variable_start(v);
+    else return towers.shared_parameters().data(v);
+  }
+
+  // After the owners' updates: every slice to every process (the master copy, with mixed precision), into
+  // the towers' parameters.
   void finish_step(host_towers<Layout>& towers, std::chrono::steady_clock::time_point start, stage_seconds& stages) {
     const auto reduced = std::chrono::steady_clock::now();
-    if (processes_ > 1) gather(updated_.data(), "gathering parameters");
-    scatter_parameters(towers, processes_ > 1 ? gathered_.data() : updated_.data());
+    T* all = mixed ? master_.data() : processes_ > 1 ? gathered_.data() : updated_.data();
+    if (all != updated_.data()) gather(updated_.data(), all, "gathering parameters");
+    scatter_parameters(towers, all);
     stages.reduce = std::chrono::duration<double>(reduced - start).count();
     stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
   }
 
-  // Every process's slice of `slice` (this process's, plan_.size(rank_) values) into gathered_.
-  void gather(const T* slice, const char* what) {
+  // Every process's slice of `slice` (this process's, plan_.size(rank_) values) into `all`.
+  void gather(const T* slice, T* all, const char* what) {
     std::vector<std::size_t> offsets, bytes;
     for (int r = 0; r < processes_; ++r) {
       offsets.push_back(plan_.first(r) * sizeof(T));
       bytes.push_back(plan_.size(r) * sizeof(T));
     }
-    span_.group().all_gather_blocks(reinterpret_cast<const char*>(slice), reinterpret_cast<char*>(gathered_.data()), offsets, bytes, what);
+    span_.group().all_gather_blocks(reinterpret_cast<const char*>(slice), reinterpret_cast<char*>(all), offsets, bytes, what);
   }
 
-  // All of the new parameters (`all`, in flat order) into the towers' shared parameters.
+  // All of the new parameters (`all`, in flat order) into the towers' shared parameters (rounded to
+  // nearest even with mixed precision).
   void scatter_parameters(host_towers<Layout>& towers, const T* all) {
     in_parallel(towers, 0, plan_.total(), [&](std::size_t, std::size_t lo, std::size_t hi) {
       plan_.for_each_piece(lo, hi, [&](std::size_t v, std::size_t first, std::size_t count, std::size_t flat) {
-        std::copy(all + flat, all + flat + count, towers.shared_parameters().data(v) + first);
+        std::transform(all + flat, all + flat + count, towers.shared_parameters().data(v) + first,
+                       [](T x) { return narrow<stored_type>(x); });
       });
     });
   }
@@ -400,6 +425,7 @@ class sharded_host_reducer {
   std::size_t contributions_;          // values per element each process sends an owner: 1 or L
   std::vector<std::vector<T>> state_;  // per slot: this process's slice
   std::vector<T> send_, received_, updated_, gathered_;
+  std::vector<T> master_;              // mixed precision: the whole master copy (see master_on_host)
   std::vector<T> averaged_;            // checked steps: the owner's slice of the average (or running sum)
   std::vector<std::pair<std::size_t, std::size_t>> my_tiles_;  // checked steps: this slice's screen tiles
   int gathered_slot_ = -1;             // the state slot gathered_ holds, -1: none (parameters or stale)

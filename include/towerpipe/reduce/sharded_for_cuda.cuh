@@ -325,7 +325,8 @@ class sharded_gpu_reducer {
 
   sharded_gpu_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
                       const pipeline_options& options)
-      : span_(options, towers.towers(), sharded_fingerprint<Optim, Layout>("cuda", variables, h, towers.towers(), options)) {
+      : span_(options, takes_checked_steps(options, false), towers.towers(),
+              sharded_fingerprint<Optim, Layout>("cuda", variables, h, towers.towers(), options)) {
     if (options.processes) across_ = std::make_unique<sharded_process_reducer<Optim, Layout>>(variables, h, towers, options, span_);
     else within_ = std::make_unique<sharded_device_reducer<Optim, Layout>>(variables, h, towers, options);
   }

@@ -65,13 +65,15 @@ class sharded_processes {
  public:
   // Compares `fingerprint` (sharded_fingerprint) across the processes: a difference fails on every
   // process with the same message, naming the first differing line of the first differing rank.
-  sharded_processes(const pipeline_options& options, std::size_t local_towers, const std::vector<std::string>& fingerprint)
+  // checked: whether steps take the checked passes (takes_checked_steps).
+  sharded_processes(const pipeline_options& options, bool checked, std::size_t local_towers,
+                    const std::vector<std::string>& fingerprint)
       : group_(options.processes ? options.processes : std::make_shared<single_process>()),
         rank_(group_->rank()),
         size_(group_->size()),
         local_towers_(local_towers) {
     check_fingerprint(fingerprint);
-    if (takes_checked_steps(options, false) && towers() >= nonfinite_sum_tower)
+    if (checked && towers() >= nonfinite_sum_tower)
       fail("a checked pipeline takes at most ", nonfinite_sum_tower - 1, " towers over all processes, ", towers(), " requested");
   }
 
