@@ -4,7 +4,8 @@
 #   build     configure and build for sm_90 (ARCH to change) in build/gpu
 #   test      the whole test suite (host and GPU) through ctest, then reduce::sharded across processes
 #             with GPU towers under mpirun (MPI staged through host memory, and NCCL)
-#   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck (2 towers, time-limited)
+#   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck (2 towers, time-limited), and
+#             memcheck of reduce::sharded across processes (one rank, staged)
 #   bench     the benchmarks (BENCH=quick for the quick subset), the PyTorch anchors where .device/anchors
 #             holds them, and table.md: the README's table with every target checked
 #   train     the training program on GPU towers: --compare-backends (every backend and layout, one
@@ -85,7 +86,7 @@ if wanted sanitize; then
   step memcheck timeout 240 compute-sanitizer --tool memcheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests
   step racecheck timeout 150 compute-sanitizer --tool racecheck --error-exitcode 1 build/gpu/tests/towerpipe_gpu_tests "[backends]"
   if [ -x build/gpu/tests/towerpipe_gpu_mpi_tests ]; then  # the across-processes kernels, one rank, staged
-    step memcheck_mpi timeout 120 mpirun --allow-run-as-root -np 1 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    step memcheck_mpi timeout 180 mpirun --allow-run-as-root -np 1 compute-sanitizer --tool memcheck --error-exitcode 1 \
       build/gpu/tests/towerpipe_gpu_mpi_tests equal 2
   fi
   grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out"/memcheck*.log "$out/racecheck.log" >>"$out/summary.txt"

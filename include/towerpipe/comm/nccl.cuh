@@ -164,6 +164,7 @@ class nccl_process_group final : public process_group, public device_collectives
 
   // Equal-sized blocks of host data, through the scratch buffers (ncclAllGather).
   void all_gather_equal(const void* mine, void* all, std::size_t bytes, const char* what) {
+    if (bytes == 0) return;  // nothing to move (and no buffer to name)
     char* device_mine = stage_in(mine, bytes, 0);
     char* device_all = scratch(bytes * static_cast<std::size_t>(size_), 1);
     detail::device_guard on(device_);
