@@ -67,9 +67,9 @@ struct pipeline_options {
   // the concatenated batch up to rounding; bitwise the plain step for 1.
   std::size_t accumulation_steps = 1;
 
-  // reduce::sharded: the processes the towers span (comm/mpi.hpp: mpi_process_group), each running one
-  // pipeline with the same number of towers; empty: this process alone. Shared, so that several
-  // pipelines may use one group.
+  // reduce::sharded: the processes the towers span (comm/mpi.hpp: mpi_process_group; for GPU towers also
+  // comm/nccl.cuh: nccl_process_group), each running one pipeline with the same number of towers; empty:
+  // this process alone. Shared, so that several pipelines may use one group.
   std::shared_ptr<process_group> processes;
 };
 

@@ -1,7 +1,8 @@
 #pragma once
 // reduce::sharded — the optimizer sharded over the processes of a pipeline (pipeline_options::processes,
-// comm/process_group.hpp; one process without it), for host towers. Bitwise equal to one process with
-// the same total towers (README.md, invariant 2), whatever the process count.
+// comm/process_group.hpp; one process without it), for host towers (GPU towers: reduce/sharded_for_cuda.cuh).
+// Bitwise equal to one process with the same total towers (README.md, invariant 2), whatever the process
+// count.
 //
 // The parameters' elements, all variables end to end, are cut into one contiguous slice per process.
 // A step:
