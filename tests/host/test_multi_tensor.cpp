@@ -161,13 +161,7 @@ class emulated_owners {
     for (const owner_slice& slice : slices_) {
       state_.emplace_back(static_cast<std::size_t>(slots) * slice.elements, 0.0f);
       average_.emplace_back(slice.elements, 0.0f);
-      std::vector<float*> state;
-      for (int s = 0; s < slots; ++s) {
-        const std::vector<float*> slot = slice_pointers(slice, state_.back().data() + s * slice.elements, variables.count());
-        state.insert(state.end(), slot.begin(), slot.end());
-      }
-      state.push_back(nullptr);  // never empty
-      state_pointers_.push_back(std::move(state));
+      state_pointers_.push_back(slice_row_pointers(slice, state_.back().data(), static_cast<std::size_t>(slots), variables.count()));
       average_pointers_.push_back(slice_pointers(slice, average_.back().data(), variables.count()));
     }
   }
@@ -554,14 +548,9 @@ struct emulated_process {
         master(slice_pointers(plan.mine(), updated.data(), variables.count())),
         averaged_pointers(slice_pointers(plan.mine(), averaged.data(), variables.count())),
         gathered_pointers(flat_pointers(gathered.data(), variables)),
+        state_pointers(slice_row_pointers(plan.mine(), state.data(), static_cast<std::size_t>(Optim::state_slots(h)), variables.count())),
         slots(Optim::state_slots(h)),
-        variables_(static_cast<int>(variables.count())) {
-    for (int s = 0; s < Optim::state_slots(h); ++s) {
-      const std::vector<float*> slot = slice_pointers(plan.mine(), state.data() + s * plan.mine().elements, variables.count());
-      state_pointers.insert(state_pointers.end(), slot.begin(), slot.end());
-    }
-    state_pointers.push_back(nullptr);  // never empty
-  }
+        variables_(static_cast<int>(variables.count())) {}
 
   // The pipeline's set_parameter, as the reducer hears it (parameter_set): its slice of the master copy.
   void parameter_set(std::size_t v, const std::vector<float>& values) {

@@ -85,14 +85,17 @@ std::vector<input_spec> model_inputs() {
 
 // A tower's values as a host vector, and back: its memory is the host's for exec::host and its device's
 // for exec::cuda (the GPU build of this file, where cudaMemcpyDefault serves both).
+void copy_bytes(void* target, const void* source, std::size_t bytes) {
+#if defined(TOWERPIPE_TEST_GPU_TOWERS)
+  if (cudaMemcpy(target, source, bytes, cudaMemcpyDefault) != cudaSuccess) throw std::runtime_error("cudaMemcpy");
+#else
+  std::memcpy(target, source, bytes);
+#endif
+}
 template <class T>
 std::vector<T> fetch(const T* values, std::size_t count) {
   std::vector<T> copy(count);
-#if defined(TOWERPIPE_TEST_GPU_TOWERS)
-  if (cudaMemcpy(copy.data(), values, count * sizeof(T), cudaMemcpyDefault) != cudaSuccess) throw std::runtime_error("cudaMemcpy");
-#else
-  std::copy(values, values + count, copy.begin());
-#endif
+  copy_bytes(copy.data(), values, count * sizeof(T));
   return copy;
 }
 // G: float, or bfloat16 (mixed precision), rounded from float.
@@ -100,12 +103,7 @@ template <class G>
 void store(G* target, const std::vector<double>& values, double divisor) {
   std::vector<G> rounded(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) rounded[i] = G(static_cast<float>(values[i] / divisor));
-#if defined(TOWERPIPE_TEST_GPU_TOWERS)
-  if (cudaMemcpy(target, rounded.data(), rounded.size() * sizeof(G), cudaMemcpyDefault) != cudaSuccess)
-    throw std::runtime_error("cudaMemcpy");
-#else
-  std::copy(rounded.begin(), rounded.end(), target);
-#endif
+  copy_bytes(target, rounded.data(), rounded.size() * sizeof(G));
 }
 
 // poison: write a NaN into element 3 of "scale" (a checked step must skip, naming this tower).

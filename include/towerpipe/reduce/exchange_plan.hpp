@@ -58,12 +58,12 @@ class exchange_plan {
   // Pointer-table entries (role = row k, then variable) of the rows this process sends `owner`.
   template <class T>
   std::vector<T*> send_row_pointers(int owner, T* send) const {
-    return rows_of(slice(owner), send + contributions_ * first(owner), contributions_);
+    return slice_row_pointers(slice(owner), send + contributions_ * first(owner), contributions_, variables_);
   }
   // The same for the rows this process, as owner, received (role = global row).
   template <class T>
   std::vector<T*> received_row_pointers(T* received) const {
-    return rows_of(mine(), received, static_cast<std::size_t>(rows()));
+    return slice_row_pointers(mine(), received, static_cast<std::size_t>(rows()), variables_);
   }
 
   // Offsets and sizes in bytes, per process, for process_group::all_to_all and all_gather_blocks.
@@ -96,17 +96,6 @@ class exchange_plan {
   }
 
  private:
-  // `count` rows of a slice stored compactly one after another from `base`.
-  template <class T>
-  std::vector<T*> rows_of(const owner_slice& slice, T* base, std::size_t count) const {
-    std::vector<T*> pointers;
-    for (std::size_t k = 0; k < count; ++k) {
-      const std::vector<T*> row = slice_pointers(slice, base + k * slice.elements, variables_);
-      pointers.insert(pointers.end(), row.begin(), row.end());
-    }
-    if (pointers.empty()) pointers.push_back(nullptr);  // a table needs one entry to allocate
-    return pointers;
-  }
   std::vector<owner_slice> slices_;
   std::size_t variables_;
   std::vector<std::size_t> first_;

@@ -71,5 +71,19 @@ std::vector<T*> slice_pointers(const owner_slice& slice, T* base, std::size_t va
   return pointers;
 }
 
+// slice_pointers for `rows` compact copies of the slice one after another from `base` (an owner's
+// optimizer state slots, the contributions it receives): entries [row][variable], as pointer_table
+// indexes roles; a single null entry when there are no rows, since a table needs one to allocate.
+template <class T>
+std::vector<T*> slice_row_pointers(const owner_slice& slice, T* base, std::size_t rows, std::size_t variable_count) {
+  std::vector<T*> pointers;
+  for (std::size_t k = 0; k < rows; ++k) {
+    const std::vector<T*> row = slice_pointers(slice, base + k * slice.elements, variable_count);
+    pointers.insert(pointers.end(), row.begin(), row.end());
+  }
+  if (pointers.empty()) pointers.push_back(nullptr);
+  return pointers;
+}
+
 }  // namespace detail
 }  // namespace towerpipe

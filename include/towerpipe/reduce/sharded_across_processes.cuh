@@ -105,7 +105,11 @@ class sharded_process_reducer {
         gradients_(gradient_pointers(towers), count(), device_),
         replicas_(direct_replica_pointers(towers), count(), device_),
         master_(slice_pointers(plan_.mine(), updated_.get(), variables.count()), count(), device_),
-        state_(state_pointers(), count(), device_),
+        state_(slice_row_pointers(plan_.mine(), state_storage_.get(), static_cast<std::size_t>(slots_), variables.count()), count(),
+               device_),
+        send_blocks_(plan_.send_blocks(sizeof(T))),
+        receive_blocks_(plan_.receive_blocks(sizeof(T))),
+        gather_blocks_(plan_.gather_blocks(sizeof(T))),
         received_rows_(plan_.received_row_pointers(received_.get()), count(), device_),
         gathered_flat_(flat_pointers(gathered_.get(), variables), count(), device_),
         host_slice_(plan_.mine().elements),
@@ -194,9 +198,8 @@ class sharded_process_reducer {
       device_guard on(device_);
       TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
       TOWERPIPE_CUDA_CHECK(cudaMemcpy(host_slice_.data(), slot_base(slot), host_slice_.size() * sizeof(T), cudaMemcpyDeviceToHost));
-      const exchange_plan::blocks blocks = plan_.gather_blocks(sizeof(T));
       span_.group().all_gather_blocks(reinterpret_cast<const char*>(host_slice_.data()), reinterpret_cast<char*>(host_state_.data()),
-                                      blocks.offsets, blocks.bytes, "gathering optimizer state");
+                                      gather_blocks_.offsets, gather_blocks_.bytes, "gathering optimizer state");
       gathered_slot_ = static_cast<int>(slot);
     }
     std::size_t start = 0;
@@ -277,15 +280,6 @@ class sharded_process_reducer {
     if (pointers.empty()) pointers.push_back(nullptr);  // a table needs one entry to allocate
     return pointers;
   }
-  std::vector<T*> state_pointers() const {
-    std::vector<T*> pointers;
-    for (int s = 0; s < slots_; ++s) {
-      const std::vector<T*> slot = slice_pointers(plan_.mine(), slot_base(static_cast<std::size_t>(s)), variables_.count());
-      pointers.insert(pointers.end(), slot.begin(), slot.end());
-    }
-    if (pointers.empty()) pointers.push_back(nullptr);  // a table needs one entry to allocate
-    return pointers;
-  }
   // The owner's optimizer reads and writes its master copy of the slice, which the gather then sends.
   optimizer_apply<Optim, T> apply(const constants_type& constants) { return {master_.view(), state_.view(), 1, slots_, constants, {}}; }
 
@@ -306,9 +300,8 @@ class sharded_process_reducer {
       agent.rows = owner->rows.view();
       owner->chunks.template launch<Policy>(agent, stream_);
     }
-    const exchange_plan::blocks out = plan_.send_blocks(sizeof(T)), in = plan_.receive_blocks(sizeof(T));
-    collectives_->all_to_all_on_device(send_.get(), out.offsets, out.bytes, received_.get(), in.offsets, in.bytes, stream_.get(),
-                                       "sending gradients to their owners");
+    collectives_->all_to_all_on_device(send_.get(), send_blocks_.offsets, send_blocks_.bytes, received_.get(), receive_blocks_.offsets,
+                                       receive_blocks_.bytes, stream_.get(), "sending gradients to their owners");
   }
 
   // Step 4, then every tower's next work waits for the new parameters.
@@ -316,9 +309,8 @@ class sharded_process_reducer {
     gathered_slot_ = -1;
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     const auto reduced = std::chrono::steady_clock::now();
-    const exchange_plan::blocks blocks = plan_.gather_blocks(sizeof(T));
-    collectives_->all_gather_blocks_on_device(updated_.get(), gathered_.get(), blocks.offsets, blocks.bytes, stream_.get(),
-                                              "gathering parameters");
+    collectives_->all_gather_blocks_on_device(updated_.get(), gathered_.get(), gather_blocks_.offsets, gather_blocks_.bytes,
+                                              stream_.get(), "gathering parameters");
     if (direct_replicas_ > 0)
       all_chunks_.launch<Policy>(copy_agent<T>{gathered_flat_.const_view(), replicas_.view(), direct_replicas_}, stream_);
     for (std::size_t t = 0; t < towers.towers(); ++t) {
@@ -354,6 +346,7 @@ class sharded_process_reducer {
   device_pointer_table<T> replicas_;       // role = local tower the broadcast reaches directly
   device_pointer_table<T> master_;         // role 0: this process's slice of the parameters
   device_pointer_table<T> state_;          // role = slot, indexed as whole variables
+  exchange_plan::blocks send_blocks_, receive_blocks_, gather_blocks_;  // in bytes, the same every step
   device_pointer_table<T> received_rows_;  // role = global row
   device_pointer_table<T> gathered_flat_;  // role 0: every variable, end to end
   std::vector<std::unique_ptr<send_rows>> sends_;  // one per owner with a non-empty slice

@@ -169,7 +169,8 @@ class sharded_device_reducer {
           end(device, true),
           chunks(slice.chunk_list(table), device),
           state_storage(cuda_device_memory{device}.allocate<T>(static_cast<std::size_t>(slots) * slice.elements, 256)),  // zeros
-          state(state_pointers(variables, slots), static_cast<int>(variables.count()), device),
+          state(slice_row_pointers(slice, state_storage.get(), static_cast<std::size_t>(slots), variables.count()),
+                static_cast<int>(variables.count()), device),
           staged(stage_where_needed(towers)),
           gradients(tower_pointers(towers, &cuda_towers<Layout>::gradients, &copies::gradients, variables.count()),
                     static_cast<int>(variables.count()), device),
@@ -224,15 +225,6 @@ class sharded_device_reducer {
     std::unique_ptr<checked_buffers> checked_;
 
    private:
-    std::vector<T*> state_pointers(const variable_set& variables, int slots) const {
-      std::vector<T*> pointers;
-      for (int s = 0; s < slots; ++s) {
-        const std::vector<T*> slot = slice_pointers(slice, slot_base(static_cast<std::size_t>(s)), variables.count());
-        pointers.insert(pointers.end(), slot.begin(), slot.end());
-      }
-      if (pointers.empty()) pointers.push_back(nullptr);  // a table needs one entry to allocate
-      return pointers;
-    }
     std::vector<std::unique_ptr<copies>> stage_where_needed(cuda_towers<Layout>& towers) const {
       std::vector<std::unique_ptr<copies>> result(towers.towers());
       for (std::size_t t = 0; t < towers.towers(); ++t) {
