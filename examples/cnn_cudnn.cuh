@@ -218,6 +218,12 @@ class gpu_cnn_workspace {
 
   void reserve_workspace(std::size_t bytes) {
     if (bytes <= workspace_bytes_) return;
+    if (workspace_) {
+      // Work already enqueued may still use the old workspace: wait for it rather than rely on cudaFree
+      // waiting (it need not, with stream-ordered or asynchronous allocators).
+      const towerpipe::detail::device_guard on(memory_.device);
+      TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     workspace_ = memory_.allocate<char>(bytes, 256);
     workspace_bytes_ = bytes;
   }

@@ -240,6 +240,7 @@ class gpu_evaluator {
       const float* logits = network_->logits(stream_.get(), images_.get() + first * features_, batch, parameter);
       kernels::count_argmax_hits<<<kernels::blocks(batch), 256, 0, stream_.get()>>>(logits, labels_.get() + first, batch,
                                                                                     classes_, correct_.get());
+      TOWERPIPE_CUDA_CHECK(cudaGetLastError());
     }
     unsigned correct = 0;
     TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(&correct, correct_.get(), sizeof correct, cudaMemcpyDeviceToHost, stream_.get()));

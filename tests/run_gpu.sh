@@ -2,15 +2,16 @@
 # The GPU check, for a machine with a CUDA device. Phases, in order (PHASES to choose,
 # default all of them):
 #   build     configure and build for sm_90 (ARCH to change) in build/gpu
-#   test      the whole test suite (host and GPU) through ctest, then reduce::sharded across processes
+#   test      the whole test suite (host and GPU) through ctest (a GPU test that skips where nvidia-smi
+#             lists a GPU fails), the backends at 9-16 towers, then reduce::sharded across processes
 #             with GPU towers under mpirun (MPI staged through host memory, and NCCL)
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck (2 towers, time-limited), and
 #             memcheck of reduce::sharded across processes (one rank, staged)
 #   bench     the benchmarks (BENCH=quick for the quick subset), the PyTorch anchors where .device/anchors
 #             holds them, and table.md: the README's table with every target checked
 #   train     the training program on GPU towers: --compare-backends (every backend and layout, one
-#             table, equal checksums) for the MLP at 1, 2 and 4 towers and for the CNN (cuDNN) at 2, and a
-#             timeline (Fashion-MNIST where .device/fashion-mnist holds its .gz files; 2 epochs of the MLP
+#             table, equal checksums) for the MLP at 1, 2 and 4 towers and for the CNN (cuDNN) at 2, and
+#             timelines of p2p_tree, sharded and host (Fashion-MNIST where .device/fashion-mnist holds its .gz files; 2 epochs of the MLP
 #             with BENCH=quick, else 15; the CNN: 1 epoch, else 3)
 # The device tool allows 10 minutes a command and keeps build outputs between calls on a warm machine,
 # so a first call can run PHASES="build test sanitize" and a second PHASES="bench train".
@@ -64,6 +65,13 @@ fi
 if wanted test; then
   step ctest ctest --test-dir build/gpu --output-on-failure
   grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout" "$out/ctest.log" >>"$out/summary.txt"
+  # A GPU test that skips on a machine that lists a GPU hides a broken driver or runtime: a failure.
+  if nvidia-smi -L 2>/dev/null | grep -q '^GPU' && grep -E "gpu\.[a-z_]+ .*(Skipped|Not Run)" "$out/ctest.log" >>"$out/summary.txt"; then
+    echo "FAILED: nvidia-smi lists a GPU, yet GPU tests were skipped" >>"$out/summary.txt"
+    status=1
+  fi
+  # 9 to 16 towers: the kernels whose tower count is a run-time value, on every backend, direct and copied.
+  step many_towers env TOWERPIPE_TEST_MAX_TOWERS=16 build/gpu/tests/towerpipe_gpu_tests "[backends],[copies]"
   # reduce::sharded with GPU towers across processes, against one process bitwise: two ranks sharing the
   # GPU through pinned host memory (L = 2: partials; L = 3: every tower's product), NCCL with one rank
   # (NCCL refuses two ranks on one GPU), the towers' buffers copied (as without peer access), and a
@@ -120,8 +128,10 @@ if wanted train; then
     step compare_cnn_2 build/gpu/examples/train "${data[@]}" --model cnn --epochs "$cnn_epochs" --towers 2 \
       --layout flat --compare-backends --log-every 1000000
     grep -h -A12 '^compare:' "$out"/compare_*.log >"$out/compare.md" 2>/dev/null
-    step train_timeline build/gpu/examples/train "${data[@]}" --epochs 1 --backend p2p_tree --towers 2 \
-      --timeline "$out/timeline.json" --log-every 1000000
+    for backend in p2p_tree sharded host; do
+      step "timeline_$backend" build/gpu/examples/train "${data[@]}" --epochs 1 --backend "$backend" --towers 2 \
+        --timeline "$out/timeline_$backend.json" --log-every 1000000
+    done
   else
     echo "train not built (no zlib on this machine)" >>"$out/summary.txt"
   fi

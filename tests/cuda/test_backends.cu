@@ -130,10 +130,13 @@ void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h
   auto& space = p.execution_space();
   for (std::size_t s = 0; s < plan.size(); ++s) {
     for (std::size_t t = 1; t < towers; ++t) {
+      // On the replica's own device, finished there: the towers' non-blocking streams do not wait for
+      // the default stream, and cudaDeviceSynchronize waits for the current device only.
+      const towerpipe::detail::device_guard on(space.device(t));
       for (std::size_t v = 0; v < test_variables.count(); ++v)
         TOWERPIPE_CUDA_CHECK(cudaMemset(space.replica(t).data(v), 0xFF, space.replica(t).view(v).size() * sizeof(float)));  // NaN
+      REQUIRE_CUDA(cudaDeviceSynchronize());
     }
-    REQUIRE_CUDA(cudaDeviceSynchronize());  // the towers' non-blocking streams do not wait for the default stream
     const step_stats stats = run_plan(p, plan, s, s + 1, examples);
     if (checked && s == nan_step) {
       REQUIRE(stats.skipped);
@@ -142,9 +145,11 @@ void check_backend(std::size_t towers, const typename Optim::hyper_parameters& h
       CHECK(stats.nonfinite->element == 4000);
       // A skipped step writes no replica: restore the poisoned ones from tower 0's.
       for (std::size_t t = 1; t < towers; ++t) {
+        const towerpipe::detail::device_guard on(space.device(t));
         for (std::size_t v = 0; v < test_variables.count(); ++v)
           REQUIRE_CUDA(cudaMemcpy(space.replica(t).data(v), space.replica(0).data(v),
                                   space.replica(t).view(v).size() * sizeof(float), cudaMemcpyDefault));
+        REQUIRE_CUDA(cudaDeviceSynchronize());  // a device-to-device cudaMemcpy may return before it is done
       }
     } else if (checked) {
       CHECK_FALSE(stats.skipped);
@@ -205,6 +210,44 @@ TEST_CASE("device0, p2p_tree and sharded copying instead of addressing other tow
   check_all_optimizers<reduce::p2p_tree, layout::per_variable<float>>(600, false);
   check_all_optimizers<reduce::sharded, layout::flat<float>>(700, false);
   check_all_optimizers<reduce::sharded, layout::per_variable<float>>(800, false);
+}
+
+// Narrower vector I/O than the default policy's four floats.
+struct vector_width_1 : multi_tensor_policy {
+  static constexpr unsigned vector_elements = 1;
+};
+struct vector_width_2 : multi_tensor_policy {
+  static constexpr unsigned vector_elements = 2;
+};
+
+TEST_CASE("device backends take the pipeline's options and narrower vectors, equal to the host pipeline bitwise",
+          "[gpu][options]") {
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  // Gradient poisoning, and dynamic loss scaling (its NaN step skipped, its scale grown every 3 steps);
+  // both checked and clipped, against the host pipeline with the same options.
+  pipeline_options poisoned, scaled;
+  poisoned.poison_gradients = true;
+  poisoned.max_grad_norm = scaled.max_grad_norm = 1.0;
+  scaled.loss_scale.mode = loss_scale_mode::dynamic;
+  scaled.loss_scale.initial_scale = 2.0;
+  scaled.loss_scale.growth_interval = 3;
+  for (const pipeline_options& options : {poisoned, scaled}) {
+    for (std::size_t towers : {std::size_t(1), std::size_t(3), std::size_t(4)}) {
+      check_backend<reduce::device0, optim::adam, layout::flat<float>>(towers, adam, 900 + towers, options);
+      check_backend<reduce::p2p_tree, optim::adam, layout::per_variable<float>>(towers, adam, 910 + towers, options);
+      check_backend<reduce::sharded, optim::adam, layout::flat<float>>(towers, adam, 920 + towers, options);
+    }
+  }
+  pipeline_options unchecked, checked;
+  unchecked.on_nonfinite = nonfinite_policy::unchecked;
+  checked.max_grad_norm = 1.0;
+  for (const pipeline_options& options : {unchecked, checked}) {
+    for (std::size_t towers : {std::size_t(1), std::size_t(2), std::size_t(5)}) {
+      check_backend<reduce::device0_with<vector_width_1>, optim::adam, layout::flat<float>>(towers, adam, 930 + towers, options);
+      check_backend<reduce::device0_with<vector_width_2>, optim::adam, layout::flat<float>>(towers, adam, 940 + towers, options);
+    }
+  }
 }
 
 // reduce::sharded holds on each tower's device only its slice of the state: whole 4096-element chunks

@@ -5,6 +5,7 @@
 // reduce::sharded for GPU towers as one fused pass per owner over its slice, with only its slice of the
 // state (reduce/owner_slices.hpp).
 #include <towerpipe/reduce/agents.hpp>
+#include <towerpipe/reduce/copy_wiring.hpp>
 #include <towerpipe/reduce/owner_slices.hpp>
 #include <towerpipe/reduce/process_agents.hpp>
 #include <towerpipe/towerpipe.hpp>
@@ -12,6 +13,8 @@
 #include <catch2/catch.hpp>
 
 #include "agent_emulation.hpp"
+#include "bench_support.hpp"
+#include "mlp.hpp"
 #include "test_support.hpp"
 
 using namespace towerpipe;
@@ -94,6 +97,7 @@ class emulated_devices {
   buffer& gradients(std::size_t t) { return gradients_[t]; }
   buffer& replica(std::size_t t) { return replicas_[t]; }
   int towers() const { return static_cast<int>(gradients_.size()); }
+  const variable_set& variables() const { return variables_; }
 
   // The optimizer writing replicas[0, replica_count) of `replicas` (default: towers 0, 1, ... in order).
   optimizer_apply<Optim, float> apply(int replica_count, const typename Optim::template step_constants<float>& c,
@@ -138,6 +142,143 @@ class emulated_devices {
 
 enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree, sharded };
 
+// The towers' devices and links the copying paths are checked under (reduce/copy_wiring.hpp): all on one
+// device; one device with pipeline_options::direct_device_access off (how the GPU tests run the copying
+// paths on one GPU); one device per tower, peer access only within pairs (0, 1), (2, 3), ...
+enum class topology { one_device, one_device_no_direct_access, peer_pairs };
+
+tower_access access_for(topology links, std::size_t towers) {
+  std::vector<int> devices(towers, 0);
+  std::set<std::pair<int, int>> peers;
+  if (links == topology::peer_pairs) {
+    for (std::size_t t = 0; t < towers; ++t) devices[t] = static_cast<int>(t);
+    for (int t = 0; t + 1 < static_cast<int>(towers); t += 2) peers.insert({{t, t + 1}, {t + 1, t}});
+  }
+  return tower_access(devices, peers, links != topology::one_device_no_direct_access);
+}
+
+template <class Buffer>
+void poison(Buffer& buffer) {
+  for (std::size_t v = 0; v < buffer.variables().count(); ++v) {
+    for (float& x : buffer.view(v)) x = std::nanf("");
+  }
+}
+template <class Buffer>
+void copy_whole(const Buffer& from, Buffer& to) {
+  for (std::size_t v = 0; v < from.variables().count(); ++v) std::copy(from.view(v).begin(), from.view(v).end(), to.data(v));
+}
+
+// reduce::device0's copying paths as wired on the GPU: the towers the root does not reach have their
+// gradients copied into buffers of the root's before the pass, and the pass writes their new parameters
+// into other buffers of the root's, copied out after it. The copies start as NaN, so that a pass reading
+// one that was never filled shows.
+template <class Layout>
+class copied_towers {
+ public:
+  using buffer = typename Layout::template buffer<host_memory>;
+
+  template <class Devices>
+  copied_towers(const variable_set& variables, const std::vector<char>& copied, Devices& devices)
+      : variables_(static_cast<int>(variables.count())) {
+    std::vector<buffer*> gradient_roles, replica_roles;
+    for (std::size_t t = 0; t < copied.size(); ++t) {
+      if (!copied[t]) {
+        gradient_roles.push_back(&devices.gradients(t));
+        replica_roles.push_back(&devices.replica(t));
+        copies_.emplace_back();
+        continue;
+      }
+      copies_.push_back(std::make_unique<std::pair<buffer, buffer>>(buffer(variables), buffer(variables)));
+      poison(copies_.back()->first);
+      poison(copies_.back()->second);
+      gradient_roles.push_back(&copies_.back()->first);
+      replica_roles.push_back(&copies_.back()->second);
+    }
+    gradient_pointers_ = gather_pointers<float>(gradient_roles);
+    replica_pointers_ = gather_pointers<float>(replica_roles);
+  }
+  template <class Devices>
+  void stage_in(Devices& devices) {
+    for (std::size_t t = 0; t < copies_.size(); ++t) {
+      if (copies_[t]) copy_whole(devices.gradients(t), copies_[t]->first);
+    }
+  }
+  template <class Devices>
+  void stage_out(Devices& devices) {
+    for (std::size_t t = 0; t < copies_.size(); ++t) {
+      if (copies_[t]) copy_whole(copies_[t]->second, devices.replica(t));
+    }
+  }
+  pointer_table<const float> gradients() const { return {gradient_pointers_.data(), variables_}; }
+  pointer_table<float> replicas() { return {replica_pointers_.data(), variables_}; }
+
+ private:
+  int variables_;
+  std::vector<std::unique_ptr<std::pair<buffer, buffer>>> copies_;  // per tower: gradients, replica; null: direct
+  std::vector<float*> gradient_pointers_, replica_pointers_;
+};
+
+// reduce::sharded's copying paths, for one owner: its slice of each tower it does not reach, in compact
+// storage of its own (NaN until filled), copied in before its pass (with replica 0's slice, the master,
+// where it does not reach tower 0) and out after it.
+class copied_slices {
+ public:
+  template <class Devices>
+  copied_slices(const owner_slice& slice, const std::vector<char>& copied, Devices& devices)
+      : slice_(slice), variables_(static_cast<int>(devices.variables().count())) {
+    for (std::size_t t = 0; t < copied.size(); ++t) {
+      std::vector<float*> gradient_role, replica_role;
+      if (copied[t]) {
+        copies_.push_back(std::make_unique<std::pair<std::vector<float>, std::vector<float>>>(
+            std::vector<float>(slice.stored_elements, std::nanf("")), std::vector<float>(slice.stored_elements, std::nanf(""))));
+        gradient_role = slice_pointers(slice, copies_.back()->first.data(), devices.variables().count());
+        replica_role = slice_pointers(slice, copies_.back()->second.data(), devices.variables().count());
+      } else {
+        copies_.emplace_back();
+        for (std::size_t v = 0; v < devices.variables().count(); ++v) {
+          gradient_role.push_back(devices.gradients(t).data(v));
+          replica_role.push_back(devices.replica(t).data(v));
+        }
+      }
+      gradient_pointers_.insert(gradient_pointers_.end(), gradient_role.begin(), gradient_role.end());
+      replica_pointers_.insert(replica_pointers_.end(), replica_role.begin(), replica_role.end());
+    }
+  }
+  template <class Devices>
+  void stage_in(Devices& devices) {
+    for (std::size_t t = 0; t < copies_.size(); ++t) {
+      if (!copies_[t]) continue;
+      into_compact(devices.gradients(t), copies_[t]->first);
+      if (t == 0) into_compact(devices.replica(0), copies_[0]->second);
+    }
+  }
+  template <class Devices>
+  void stage_out(Devices& devices) {
+    for (std::size_t t = 0; t < copies_.size(); ++t) {
+      if (!copies_[t]) continue;
+      slice_.for_each_stored_range([&](const element_range& r, std::size_t offset) {
+        std::copy_n(copies_[t]->second.begin() + static_cast<std::ptrdiff_t>(offset), r.end - r.begin,
+                    devices.replica(t).data(r.variable) + r.begin);
+      });
+    }
+  }
+  pointer_table<const float> gradients() const { return {gradient_pointers_.data(), variables_}; }
+  pointer_table<float> replicas() { return {replica_pointers_.data(), variables_}; }
+
+ private:
+  template <class Buffer>
+  void into_compact(const Buffer& whole, std::vector<float>& compact) const {
+    slice_.for_each_stored_range([&](const element_range& r, std::size_t offset) {
+      std::copy(whole.data(r.variable) + r.begin, whole.data(r.variable) + r.end, compact.begin() + static_cast<std::ptrdiff_t>(offset));
+    });
+  }
+
+  const owner_slice& slice_;
+  int variables_;
+  std::vector<std::unique_ptr<std::pair<std::vector<float>, std::vector<float>>>> copies_;  // per tower; null: direct
+  std::vector<float*> gradient_pointers_, replica_pointers_;
+};
+
 optim::sgd::hyper_parameters momentum_hyper_parameters() {
   optim::sgd::hyper_parameters h;
   h.lr = 0.05;
@@ -152,6 +293,58 @@ optim::adam::hyper_parameters adam_hyper_parameters() {
   return h;
 }
 
+// reduce::p2p_tree as wired on the GPU (tree_wiring): each edge reads its right operand in place or from
+// the left tower's scratch (NaN until the copy before the edge fills it); the root's pass writes the
+// replicas the wiring gives it; every other tower pulls its parent's.
+template <class Optim, class Layout>
+void run_tree_as_wired(emulated_devices<Optim, Layout>& devices, const tree_wiring& wiring, const std::vector<float>& weights,
+                       const typename Optim::template step_constants<float>& c) {
+  using buffer = typename Layout::template buffer<host_memory>;
+  const std::size_t n = static_cast<std::size_t>(devices.towers());
+  const int count = static_cast<int>(devices.variables().count());
+  std::vector<std::unique_ptr<buffer>> scratch(n);
+  std::vector<std::vector<float*>> sums(n);  // per tower: every tower's partial as it reads them
+  for (std::size_t t = 0; t < n; ++t) {
+    if (wiring.needs_scratch[t]) {
+      scratch[t] = std::make_unique<buffer>(devices.variables());
+      poison(*scratch[t]);
+    }
+    std::vector<buffer*> roles;
+    for (std::size_t other = 0; other < n; ++other) roles.push_back(wiring.via_scratch[t][other] ? scratch[t].get() : &devices.gradients(other));
+    sums[t] = gather_pointers<float>(roles);
+  }
+  const auto operand_in_place = [&](const tree_edge<float>& edge) {
+    const std::size_t left = static_cast<std::size_t>(edge.left), right = static_cast<std::size_t>(edge.right);
+    if (wiring.via_scratch[left][right]) copy_whole(devices.gradients(right), *scratch[left]);
+  };
+  const auto rounds = canonical_tree_rounds<float>(static_cast<int>(n), weights);
+  for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
+    for (const tree_edge<float>& edge : rounds[r]) {
+      operand_in_place(edge);
+      run_agent_on_host(tree_round_agent<float>{{sums[static_cast<std::size_t>(edge.left)].data(), count}, edge, nullptr}, devices.chunks());
+    }
+  }
+  operand_in_place(rounds.back().front());
+  std::vector<int> root_targets{0};
+  for (std::size_t t = 1; t < n; ++t) {
+    if (wiring.written_by_root[t]) root_targets.push_back(static_cast<int>(t));
+  }
+  std::vector<float*> root_pointers = devices.replica_pointers(root_targets);
+  const pointer_table<float> root_table{root_pointers.data(), count};
+  run_agent_on_host(tree_root_agent<Optim, float>{{sums[0].data(), count}, rounds.back().front(),
+                                                  devices.apply(static_cast<int>(root_targets.size()), c, root_table)},
+                    devices.chunks());
+  for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
+    for (const tree_edge<float>& edge : *r) {
+      if (wiring.written_by_root[static_cast<std::size_t>(edge.right)]) continue;
+      float* const* replicas = devices.replica_table().pointers;
+      const pointer_table<const float> source{replicas + edge.left * count, count};
+      const pointer_table<float> target{replicas + edge.right * count, count};
+      run_agent_on_host(copy_agent<float>{source, target, 1}, devices.chunks());
+    }
+  }
+}
+
 // reduce::sharded's owners for GPU towers: owner k holds slice k of the chunk table and only that
 // slice's optimizer state and checked-step average, in compact storage reached through slice_pointers.
 class emulated_owners {
@@ -159,8 +352,8 @@ class emulated_owners {
   emulated_owners(const variable_set& variables, const std::vector<tensor_chunk>& chunks, std::size_t owners, int slots)
       : variables_(static_cast<int>(variables.count())), slots_(slots), slices_(cut_into_slices(chunks, owners)) {
     for (const owner_slice& slice : slices_) {
-      state_.emplace_back(static_cast<std::size_t>(slots) * slice.elements, 0.0f);
-      average_.emplace_back(slice.elements, 0.0f);
+      state_.emplace_back(static_cast<std::size_t>(slots) * slice.stored_elements, 0.0f);
+      average_.emplace_back(slice.stored_elements, 0.0f);
       state_pointers_.push_back(slice_row_pointers(slice, state_.back().data(), static_cast<std::size_t>(slots), variables.count()));
       average_pointers_.push_back(slice_pointers(slice, average_.back().data(), variables.count()));
     }
@@ -172,8 +365,9 @@ class emulated_owners {
   // Owner k's optimizer: its slice of the state; it reads the master (replica 0) and writes every replica.
   template <class Optim, class Layout>
   optimizer_apply<Optim, float> apply(std::size_t k, emulated_devices<Optim, Layout>& devices,
-                                      const typename Optim::template step_constants<float>& c) {
-    return {devices.replica_table(), state(k), devices.towers(), slots_, c, {}};
+                                      const typename Optim::template step_constants<float>& c, pointer_table<float> replicas = {}) {
+    if (replicas.pointers == nullptr) replicas = devices.replica_table();
+    return {replicas, state(k), devices.towers(), slots_, c, {}};
   }
 
  private:
@@ -224,13 +418,15 @@ step_stats step_and_load(Trainer& reference, Devices& devices, const batch& b,
 }
 
 template <class Optim, class Layout>
-void check_emulated_backend(backend kind, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+void check_emulated_backend(backend kind, topology links, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
   using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
   const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {7}}};
   random_source random(salt);
-  INFO(Optim::name << " " << Layout::name << ", backend " << static_cast<int>(kind) << ", seed " << random.seed());
+  INFO(Optim::name << " " << Layout::name << ", backend " << static_cast<int>(kind) << ", topology " << static_cast<int>(links)
+                   << ", seed " << random.seed());
   for (std::size_t towers = 1; towers <= 8; ++towers) {
     INFO(towers << " towers");
+    const tower_access access = access_for(links, towers);
     const std::size_t examples = 3 * towers - 1;  // uneven shards: distinct weights
     trainer reference(variables, {{"x", dtype::float32, {1}}}, towers, h);
     emulated_devices<Optim, Layout> devices(variables, towers, h);
@@ -253,53 +449,35 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
       const auto constants = Optim::template constants<float>(h, step);
       const int n = devices.towers();
       if (kind == backend::sharded) {
-        const pointer_table<const float> gradients{devices.gradient_table().pointers, static_cast<int>(variables.count())};
         for (std::size_t k = 0; k < owners.slices().size(); ++k) {
-          fused_apply_agent<Optim, float, 0> agent{gradients, n, {}, owners.apply(k, devices, constants)};
+          const owner_slice& slice = owners.slices()[k];
+          if (slice.empty()) continue;
+          copied_slices copies(slice, access.copied_by(k), devices);
+          copies.stage_in(devices);
+          fused_apply_agent<Optim, float, 0> agent{copies.gradients(), n, {}, owners.apply(k, devices, constants, copies.replicas())};
           std::copy(weights.begin(), weights.end(), agent.weights);
-          run_agent_on_host(agent, owners.slices()[k].chunk_list(devices.chunks()));
+          run_agent_on_host(agent, slice.chunk_list(devices.chunks()));
+          copies.stage_out(devices);
         }
       } else if (kind == backend::p2p_tree && n > 1) {
-        const auto rounds = canonical_tree_rounds<float>(n, weights);
-        for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
-          for (const tree_edge<float>& edge : rounds[r]) run_agent_on_host(tree_round_agent<float>{devices.gradient_table(), edge, nullptr}, devices.chunks());
-        }
-        // The root's pass writes tower 0 and its children in the tree; every other tower pulls from its parent.
-        std::vector<int> root_targets{0};
-        for (const auto& round : rounds) {
-          if (round.front().left == 0) root_targets.push_back(round.front().right);
-        }
-        std::vector<float*> root_pointers = devices.replica_pointers(root_targets);
-        const pointer_table<float> root_table{root_pointers.data(), static_cast<int>(variables.count())};
-        run_agent_on_host(tree_root_agent<Optim, float>{devices.gradient_table(), rounds.back().front(),
-                                                        devices.apply(static_cast<int>(root_targets.size()), constants, root_table)},
-                          devices.chunks());
-        for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
-          for (const tree_edge<float>& edge : *r) {
-            if (edge.left == 0) continue;  // written by the root's pass
-            float* const* replicas = devices.replica_table().pointers;
-            const pointer_table<const float> source{replicas + edge.left * static_cast<int>(variables.count()),
-                                                    static_cast<int>(variables.count())};
-            const pointer_table<float> target{replicas + edge.right * static_cast<int>(variables.count()),
-                                              static_cast<int>(variables.count())};
-            run_agent_on_host(copy_agent<float>{source, target, 1}, devices.chunks());
-          }
-        }
+        run_tree_as_wired(devices, tree_wiring(access), weights, constants);
       } else {
-        const pointer_table<const float> gradients{devices.gradient_table().pointers, static_cast<int>(variables.count())};
-        const auto apply = devices.apply(n, constants);
+        copied_towers<Layout> copies(variables, access.copied_by(0), devices);
+        copies.stage_in(devices);
+        const auto apply = devices.apply(n, constants, copies.replicas());
         if (kind == backend::device0_runtime_towers) {
-          fused_apply_agent<Optim, float, 0> agent{gradients, n, {}, apply};
+          fused_apply_agent<Optim, float, 0> agent{copies.gradients(), n, {}, apply};
           std::copy(weights.begin(), weights.end(), agent.weights);
           run_agent_on_host(agent, devices.chunks());
         } else {
-          fused_apply_agent<Optim, float, 8> eight{gradients, n, {}, apply};  // only when n == 8
-          fused_apply_agent<Optim, float, 0> any{gradients, n, {}, apply};
+          fused_apply_agent<Optim, float, 8> eight{copies.gradients(), n, {}, apply};  // only when n == 8
+          fused_apply_agent<Optim, float, 0> any{copies.gradients(), n, {}, apply};
           std::copy(weights.begin(), weights.end(), eight.weights);
           std::copy(weights.begin(), weights.end(), any.weights);
           if (n == 8) run_agent_on_host(eight, devices.chunks());
           else run_agent_on_host(any, devices.chunks());
         }
+        copies.stage_out(devices);
       }
       INFO("step " << step);
       for (std::size_t t = 0; t < towers; ++t) {
@@ -312,14 +490,17 @@ void check_emulated_backend(backend kind, const typename Optim::hyper_parameters
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("emulated device backends equal the host pipeline bitwise for 1..8 towers",
+TEMPLATE_TEST_CASE("emulated device backends, wired as on the GPU (direct or copied), equal the host pipeline bitwise for "
+                   "1..8 towers",
                    "[multi_tensor][canonical]", layout::flat<float>, layout::per_variable<float>) {
   const optim::sgd::hyper_parameters momentum = momentum_hyper_parameters();
   const optim::adam::hyper_parameters adam = adam_hyper_parameters();
   for (backend kind : {backend::device0_unrolled, backend::device0_runtime_towers, backend::p2p_tree, backend::sharded}) {
-    check_emulated_backend<optim::sgd, TestType>(kind, momentum, 61);
-    check_emulated_backend<optim::adam, TestType>(kind, adam, 62);
-    check_emulated_backend<optim::adamw, TestType>(kind, optim::adamw::hyper_parameters{}, 63);
+    for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
+      check_emulated_backend<optim::sgd, TestType>(kind, links, momentum, 61);
+      check_emulated_backend<optim::adam, TestType>(kind, links, adam, 62);
+      check_emulated_backend<optim::adamw, TestType>(kind, links, optim::adamw::hyper_parameters{}, 63);
+    }
   }
 }
 
@@ -360,15 +541,17 @@ TEST_CASE("owner slices cut the chunk table into contiguous runs within a chunk 
   const std::size_t chunk_elements = 1024;
   const std::vector<tensor_chunk> chunks = make_chunk_table(variables, chunk_elements);
   const std::size_t total = variables.total_size();
-  std::vector<std::size_t> variable_start{0};
-  for (const variable& v : variables) variable_start.push_back(variable_start.back() + v.size);
+  // Compact storage pads every variable to a multiple of 64 elements: where each starts in the owners'
+  // storage laid end to end.
+  std::vector<std::size_t> padded_start{0};
+  for (const variable& v : variables) padded_start.push_back(padded_start.back() + (v.size + 63) / 64 * 64);
   for (std::size_t owners : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(7), std::size_t(40)}) {
     INFO(owners << " owners");
     const std::vector<owner_slice> slices = cut_into_slices(chunks, owners);
     REQUIRE(slices.size() == owners);
     REQUIRE(slices.front().chunks.first == 0);
     REQUIRE(slices.back().chunks.last == chunks.size());
-    std::size_t done = 0;
+    std::size_t done = 0, stored_done = 0;
     for (std::size_t k = 0; k < owners; ++k) {
       INFO("owner " << k);
       const owner_slice& slice = slices[k];
@@ -378,23 +561,33 @@ TEST_CASE("owner slices cut the chunk table into contiguous runs within a chunk 
       const double share_end = static_cast<double>(total) * static_cast<double>(k + 1) / static_cast<double>(owners);
       CHECK(static_cast<double>(done) >= share_end - 1e-9);
       CHECK(static_cast<double>(done) < share_end + static_cast<double>(chunk_elements));
-      // Writing each element's position in the whole parameter space through the slice's pointers
-      // fills its compact storage with consecutive positions from where the slice starts.
-      std::vector<std::size_t> storage(slice.elements, 0);
+      // Writing each element's position in the padded space through the slice's pointers fills its
+      // compact storage with consecutive positions from where the slice starts, padding left unwritten:
+      // the slices' storage in owner order is the padded space.
+      const std::size_t unwritten = ~std::size_t(0);
+      std::vector<std::size_t> storage(slice.stored_elements, unwritten);
       const std::vector<std::size_t*> pointers = slice_pointers(slice, storage.data(), variables.count());
       for (std::size_t v = 0; v < variables.count(); ++v) {
         bool held = false;
         for (const element_range& r : slice.ranges) {
           if (r.variable != v) continue;
           held = true;
-          for (std::size_t i = r.begin; i < r.end; ++i) pointers[v][i] = variable_start[v] + i;
+          for (std::size_t i = r.begin; i < r.end; ++i) pointers[v][i] = padded_start[v] + i;
         }
         if (!held) CHECK(pointers[v] == nullptr);
       }
-      const std::size_t slice_start = done - slice.elements;
-      for (std::size_t j = 0; j < storage.size(); ++j) REQUIRE(storage[j] == slice_start + j);
+      std::size_t written = 0;
+      for (std::size_t j = 0; j < storage.size(); ++j) {
+        if (storage[j] == unwritten) continue;
+        REQUIRE(storage[j] == stored_done + j);
+        ++written;
+      }
+      CHECK(written == slice.elements);
+      for (std::size_t offset : slice.stored_at) CHECK(offset % 64 == 0);
+      stored_done += slice.stored_elements;
     }
     CHECK(done == total);
+    CHECK(stored_done == padded_start.back());
   }
 }
 
@@ -540,25 +733,23 @@ struct emulated_process {
         plan(devices.chunks(), variables.count(), processes, rank, (towers & (towers - 1)) == 0 ? 1 : towers),
         send(plan.send_elements()),
         received(plan.receive_elements()),
-        state(static_cast<std::size_t>(Optim::state_slots(h)) * plan.mine().elements),
-        updated(plan.mine().elements),
-        averaged(plan.mine().elements),
+        state(static_cast<std::size_t>(Optim::state_slots(h)) * plan.mine().stored_elements),
+        updated(plan.mine().stored_elements),
+        averaged(plan.mine().stored_elements),
         gathered(plan.total()),
         received_rows(plan.received_row_pointers(received.data())),
         master(slice_pointers(plan.mine(), updated.data(), variables.count())),
         averaged_pointers(slice_pointers(plan.mine(), averaged.data(), variables.count())),
-        gathered_pointers(flat_pointers(gathered.data(), variables)),
+        gathered_pointers(padded_flat_pointers(gathered.data(), variables)),
         state_pointers(slice_row_pointers(plan.mine(), state.data(), static_cast<std::size_t>(Optim::state_slots(h)), variables.count())),
         slots(Optim::state_slots(h)),
         variables_(static_cast<int>(variables.count())) {}
 
   // The pipeline's set_parameter, as the reducer hears it (parameter_set): its slice of the master copy.
   void parameter_set(std::size_t v, const std::vector<float>& values) {
-    std::size_t offset = 0;
-    for (const element_range& r : plan.mine().ranges) {
+    plan.mine().for_each_stored_range([&](const element_range& r, std::size_t offset) {
       if (r.variable == v) std::copy(values.begin() + r.begin, values.begin() + r.end, updated.begin() + offset);
-      offset += r.end - r.begin;
-    }
+    });
   }
   // The owner's optimizer: its master copy of the slice, which the gather sends.
   optimizer_apply<Optim, float> apply(const typename Optim::template step_constants<float>& c) {
@@ -713,4 +904,89 @@ TEMPLATE_TEST_CASE("emulated GPU towers across processes (contributions, exchang
     check_emulated_processes<optim::adam, TestType>(adam, checked, 82);
     check_emulated_processes<optim::adamw, TestType>(optim::adamw::hyper_parameters{}, checked, 83);
   }
+}
+
+namespace {
+
+// The base of an allocation as cuda_device_memory makes them (256-byte aligned). The tables are only
+// checked, never read, so no memory stands behind it: ResNet-50's state would be 200 MB per case.
+struct fake_allocation {
+  float* get() const { return reinterpret_cast<float*>(std::uintptr_t(1) << 40); }
+};
+fake_allocation aligned_storage(std::size_t) { return {}; }
+
+// Every table reduce::sharded with GPU towers builds over compact storage (sharded_for_cuda.cuh,
+// sharded_across_processes.cuh), built by the same functions, must keep every vector the kernels move
+// aligned: check_vector_aligned throws where it would not.
+void check_compact_tables_aligned(const variable_set& variables, std::size_t chunk_elements, std::size_t vector_bytes) {
+  const std::vector<tensor_chunk> table = make_chunk_table(variables, chunk_elements);
+  const std::size_t count = variables.count();
+  const std::size_t slots = 2;  // Adam's
+  for (std::size_t owners = 1; owners <= 8; ++owners) {
+    INFO("one process, " << owners << " owners");
+    for (const owner_slice& slice : cut_into_slices(table, owners)) {
+      if (slice.empty()) continue;
+      const std::vector<tensor_chunk> mine = slice.chunk_list(table);
+      const auto state = aligned_storage(slots * slice.stored_elements);
+      const auto copy = aligned_storage(slice.stored_elements);
+      check_vector_aligned(slice_row_pointers(slice, state.get(), slots, count), count, mine, vector_bytes, "state");
+      check_vector_aligned(slice_pointers(slice, copy.get(), count), count, mine, vector_bytes, "a copied tower's slice");
+    }
+  }
+  for (int processes = 1; processes <= 4; ++processes) {
+    for (std::size_t contributions = 1; contributions <= 3; ++contributions) {
+      for (int rank = 0; rank < processes; ++rank) {
+        INFO(processes << " processes, rank " << rank << ", " << contributions << " contributions each");
+        const exchange_plan plan(table, count, processes, rank, contributions);
+        const auto send = aligned_storage(plan.send_elements());
+        const auto received = aligned_storage(plan.receive_elements());
+        const auto updated = aligned_storage(plan.mine().stored_elements);
+        const auto gathered = aligned_storage(plan.total());
+        for (int owner = 0; owner < processes; ++owner)
+          check_vector_aligned(plan.send_row_pointers(owner, send.get()), count, plan.slice(owner).chunk_list(table), vector_bytes, "send");
+        const std::vector<tensor_chunk> mine = plan.mine().chunk_list(table);
+        check_vector_aligned(plan.received_row_pointers(received.get()), count, mine, vector_bytes, "received");
+        check_vector_aligned(slice_pointers(plan.mine(), updated.get(), count), count, mine, vector_bytes, "master");
+        check_vector_aligned(padded_flat_pointers(gathered.get(), variables), count, table, vector_bytes, "gathered");
+        // The blocks the transports move start aligned too, and the gather fills the padded space.
+        for (const auto& blocks : {plan.send_blocks(sizeof(float)), plan.receive_blocks(sizeof(float)), plan.gather_blocks(sizeof(float))}) {
+          for (std::size_t offset : blocks.offsets) CHECK(offset % 256 == 0);
+        }
+        CHECK(plan.total() == padded_flat_starts(variables).back());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reduce::sharded's compact storage keeps vector I/O aligned for the test models, the MLP and ResNet-50 with 1-8 owners and "
+          "1-4 processes",
+          "[multi_tensor][sharded][alignment]") {
+  const std::vector<std::pair<const char*, variable_set>> models{
+      {"GPU test model", {{"w", {300, 70}}, {"b", {70}}, {"s", {}}, {"odd", {5003}}}},
+      {"host test model", {{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {9001}}}},
+      {"MLP 784-256-128-10", towerpipe_examples::mlp({784, 256, 128, 10}).variables()},
+      {"ResNet-50", towerpipe_bench::read_shapes(TOWERPIPE_BENCH_SHAPES_DIR "/resnet50.shapes")}};
+  for (const auto& [name, variables] : models) {
+    // The default launch policy (4096-element chunks, 16-byte vectors) and a screen tile's chunks.
+    for (std::size_t chunk_elements : {std::size_t(4096), std::size_t(1024)}) {
+      INFO(name << ", chunks of " << chunk_elements);
+      check_compact_tables_aligned(variables, chunk_elements, 16);
+    }
+  }
+}
+
+TEST_CASE("check_vector_aligned names the table, role, variable and element a kernel could not take",
+          "[multi_tensor][alignment]") {
+  const variable_set variables{{"a", {5}}, {"b", {300}}};
+  const std::vector<tensor_chunk> table = make_chunk_table(variables, 256);
+  const auto storage = aligned_storage(1024);
+  // Variables end to end without padding: "b" starts 5 floats (20 bytes) in.
+  const std::vector<float*> unpadded{storage.get(), storage.get() + 5};
+  CHECK_THROWS_WITH(check_vector_aligned(unpadded, 2, table, 16, "end to end"),
+                    "towerpipe: end to end: role 0, variable 1, element 0 lies at an address that is not 16-byte aligned, as the kernel's "
+                    "vector I/O needs");
+  CHECK_NOTHROW(check_vector_aligned(unpadded, 2, table, 4, "end to end"));
+  CHECK_NOTHROW(check_vector_aligned(padded_flat_pointers(storage.get(), variables), 2, table, 16, "padded"));
 }

@@ -7,7 +7,7 @@
 //
 //   // rank 0 makes the id and hands it to the others however it likes (comm/nccl_over_mpi.cuh: MPI)
 //   options.processes = std::make_shared<towerpipe::nccl_process_group>(id, rank, ranks, device);
-//   // or the caller's own communicator, which stays the caller's
+//   // or the caller's own communicator, which stays the caller's (but see caller_communicator)
 //   options.processes = std::make_shared<towerpipe::nccl_process_group>(comm, device);
 //
 // towerpipe never asks NCCL to add anything: the sums are the owners' own, in the canonical order, and
@@ -18,7 +18,9 @@
 // Never a hang: a communicator this group creates is non-blocking (ncclConfig_t::blocking = 0), and every
 // operation is polled (ncclCommGetAsyncError, cudaStreamQuery) until it completes or the deadline
 // passes; then the communicator is aborted (ncclCommAbort) and a towerpipe::error names the rank and the
-// operation. A caller's communicator is not aborted — it is the caller's — and the error says so.
+// operation. A caller's communicator is aborted too unless the caller says otherwise
+// (caller_communicator::leave_to_caller): NCCL kernels spinning on a peer that never comes block every
+// device-wide wait after them, such as the cudaFree of the pipeline's buffers while the error unwinds.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -41,6 +43,12 @@ namespace towerpipe {
 
 class nccl_process_group final : public process_group, public device_collectives {
  public:
+  // What becomes of a caller's communicator when an operation passes the deadline. abort_at_deadline:
+  // aborted (ncclCommAbort frees it: the caller must not destroy it then; the error says so).
+  // leave_to_caller: left as it is; the caller must abort it before anything waits for the device
+  // (destroying the pipeline does), or that wait hangs.
+  enum class caller_communicator { abort_at_deadline, leave_to_caller };
+
   // Creates this rank's communicator from an id every rank shares (ncclGetUniqueId on one rank).
   nccl_process_group(const ncclUniqueId& id, int rank, int ranks, int device,
                      std::chrono::milliseconds deadline = std::chrono::seconds(60))
@@ -53,8 +61,14 @@ class nccl_process_group final : public process_group, public device_collectives
     wait_for_communicator("creating the communicator");
   }
   // Uses the caller's communicator on `device` (the one it was created for); the caller destroys it.
-  nccl_process_group(ncclComm_t comm, int device, std::chrono::milliseconds deadline = std::chrono::seconds(60))
-      : deadline_(deadline), device_(device), owned_(false), comm_(comm), stream_(device) {
+  nccl_process_group(ncclComm_t comm, int device, std::chrono::milliseconds deadline = std::chrono::seconds(60),
+                     caller_communicator at_deadline = caller_communicator::abort_at_deadline)
+      : deadline_(deadline),
+        device_(device),
+        owned_(false),
+        abort_at_deadline_(at_deadline == caller_communicator::abort_at_deadline),
+        comm_(comm),
+        stream_(device) {
     check(ncclCommUserRank(comm, &rank_), "reading the communicator's rank");
     check(ncclCommCount(comm, &size_), "reading the communicator's size");
   }
@@ -213,15 +227,18 @@ class nccl_process_group final : public process_group, public device_collectives
   }
   void past_deadline(const char* what, std::chrono::steady_clock::time_point start) {
     if (std::chrono::steady_clock::now() - start <= deadline_) return;
-    if (owned_) {
+    const bool abort = owned_ || abort_at_deadline_;
+    if (abort) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
     }
     aborted_ = true;
     detail::fail("rank ", rank_, " of ", size_, ": ", what, " did not complete within ", std::chrono::duration<double>(deadline_).count(),
                  " s: another process has exited, stopped, or is not making the same call (",
-                 owned_ ? "the NCCL communicator was aborted; end the program"
-                        : "the caller's NCCL communicator is left as it is: abort it with ncclCommAbort and end the program",
+                 owned_  ? "the NCCL communicator was aborted; end the program"
+                 : abort ? "the caller's NCCL communicator was aborted, which frees it: do not destroy it; end the program"
+                         : "the caller's NCCL communicator is left as it is: abort it with ncclCommAbort before anything waits "
+                           "for the device, then end the program",
                  ")");
   }
 
@@ -236,7 +253,7 @@ class nccl_process_group final : public process_group, public device_collectives
 
   std::chrono::milliseconds deadline_;
   int device_, rank_ = 0, size_ = 1;
-  bool owned_, aborted_ = false;
+  bool owned_, abort_at_deadline_ = true, aborted_ = false;
   ncclComm_t comm_ = nullptr;
   detail::cuda_stream stream_;  // the host collectives' stream
   cuda_device_memory::owner<char> scratch_[2];

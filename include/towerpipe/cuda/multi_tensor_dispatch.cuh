@@ -61,5 +61,14 @@ class device_pointer_table {
   cuda_device_memory::owner<T*> pointers_;
 };
 
+// A pointer table for Policy's launches over `chunks`, its vector alignment checked on the host first
+// (check_vector_aligned): a layout the kernel cannot take fails here, with `what` in the message.
+template <class Policy, class T>
+device_pointer_table<T> vector_pointer_table(const std::vector<T*>& pointers, int variables, const std::vector<tensor_chunk>& chunks,
+                                             int device, const char* what) {
+  check_vector_aligned(pointers, static_cast<std::size_t>(variables), chunks, Policy::vector_elements * sizeof(T), what);
+  return device_pointer_table<T>(pointers, variables, device);
+}
+
 }  // namespace detail
 }  // namespace towerpipe

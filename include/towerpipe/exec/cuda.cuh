@@ -45,6 +45,7 @@
 #include "towerpipe/exec/tower_failures.hpp"
 #include "towerpipe/layout/batch.hpp"
 #include "towerpipe/pipeline_options.hpp"
+#include "towerpipe/reduce/copy_wiring.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/trace/tracer.hpp"
 
@@ -62,11 +63,10 @@ class cuda_towers {
 
   cuda_towers(const variable_set& variables, std::size_t towers, const pipeline_options& options)
       : devices_(assign_devices(towers, options.devices)),
-        peers_(enable_peer_access(devices_)),
+        access_(devices_, enable_peer_access(devices_), options.direct_device_access),
         pool_(host_thread_count(options)),
         tracer_(options.trace),
         poison_(options.poison_gradients),
-        direct_access_(options.direct_device_access),
         host_mirror_(variables),
         written_(towers, std::vector<char>(variables.count(), 0)),
         losses_(cuda_pinned_memory{}.allocate<float>(towers)) {
@@ -104,10 +104,8 @@ class cuda_towers {
 
   std::size_t towers() const { return towers_.size(); }
   int device(std::size_t t) const { return devices_[t]; }
-  // Whether a kernel on `reader` may use `owner`'s memory directly (pipeline_options::direct_device_access).
-  bool can_access(int reader, int owner) const {
-    return direct_access_ && (reader == owner || peers_.count({reader, owner}) != 0);
-  }
+  // Which towers' buffers a kernel on one tower's stream uses in place (reduce/copy_wiring.hpp).
+  const tower_access& access() const { return access_; }
   thread_pool& pool() { return pool_; }
 
   const cuda_stream& stream(std::size_t t) const { return towers_[t]->stream; }
@@ -254,11 +252,10 @@ class cuda_towers {
   };
 
   std::vector<int> devices_;
-  std::set<std::pair<int, int>> peers_;
+  tower_access access_;
   thread_pool pool_;
   tracer tracer_;
   bool poison_;
-  bool direct_access_;  // pipeline_options::direct_device_access
   host_buffer host_mirror_;
   std::vector<std::unique_ptr<tower>> towers_;
   std::vector<std::vector<char>> written_;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "towerpipe/core/config.hpp"
@@ -98,6 +99,28 @@ std::vector<T*> gather_pointers(const std::vector<Buffer*>& roles) {
     for (std::size_t v = 0; v < role->variables().count(); ++v) pointers.push_back(role->data(v));
   }
   return pointers;
+}
+
+// What a vectorised kernel (cuda/multi_tensor_kernel.cuh) assumes of a pointer table ([role][variable],
+// null where a role does not hold a variable): the first element of every chunk it covers is aligned
+// for one vector of vector_bytes; its groups then start on multiples of the vector inside the chunk.
+// Checked in plain C++ where a table is built, so that a layout that would fault on the device (CUB's
+// vector store does not check alignment) fails on the host. Addresses in unsigned arithmetic: a
+// compact slice's entry may point before its allocation (reduce/owner_slices.hpp).
+template <class T>
+void check_vector_aligned(const std::vector<T*>& pointers, std::size_t variables, const std::vector<tensor_chunk>& chunks,
+                          std::size_t vector_bytes, const char* what) {
+  if (variables == 0) return;
+  for (std::size_t role = 0; role < pointers.size() / variables; ++role) {
+    for (const tensor_chunk& chunk : chunks) {
+      T* const base = pointers[role * variables + static_cast<std::size_t>(chunk.variable)];
+      if (base == nullptr) continue;
+      const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(base) + std::uintptr_t(chunk.first) * sizeof(T);
+      if (address % vector_bytes != 0)
+        fail(what, ": role ", role, ", variable ", chunk.variable, ", element ", chunk.first, " lies at an address that is not ",
+             vector_bytes, "-byte aligned, as the kernel's vector I/O needs");
+    }
+  }
 }
 
 // The most towers a device reduction takes in one pass (their weights travel in the kernel's arguments).

@@ -54,14 +54,15 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
     const int count = static_cast<int>(variables.count());
     std::vector<device_buffer*> gradient_roles, replica_roles;
     staged_.resize(towers.towers());
+    const std::vector<char> copied = towers.access().copied_by(0);  // never tower 0: the master copy is its replica
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (towers.can_access(root_, towers.device(t))) {
+      if (!copied[t]) {
         gradient_roles.push_back(&towers.gradients(t));
         replica_roles.push_back(&towers.replica(t));
         continue;
       }
-      log_warning(make_message("reduce::device0: device ", root_, " has no peer access to device ",
-                                       towers.device(t), " (tower ", t, "); its gradients and parameters are copied"));
+      log_warning(make_message("reduce::device0: device ", root_, " does not reach device ", towers.device(t), " (tower ", t,
+                               ") directly; its gradients and parameters are copied"));
       staged_[t] = std::make_unique<staging>(variables, root_);
       gradient_roles.push_back(&staged_[t]->gradients);
       replica_roles.push_back(&staged_[t]->replica);

@@ -2,14 +2,17 @@
 // Where reduce::sharded's contributions travel between processes with GPU towers
 // (reduce/sharded_across_processes.cuh): the chunk table cut into one slice per process
 // (reduce/owner_slices.hpp: whole chunks, so whole screen tiles), and the buffers of the exchange, in
-// elements, as every process computes them alike. Plain C++: the host tests emulate the exchange with it.
+// elements, as every process computes them alike. Every row is a slice's compact storage
+// (slice.stored_elements long, each range on a multiple of stored_alignment elements), so every block
+// starts aligned for vector I/O. Plain C++: the host tests emulate the exchange with it.
 //
 //   send buffer     owner-major: owner r's block at contributions * first(r), its contributions (rows)
-//                   one after another, each slice(r).elements long: one block per owner, whatever the
-//                   rows, so that the all-to-all moves one piece per pair of processes.
+//                   one after another: one block per owner, whatever the rows, so that the all-to-all
+//                   moves one piece per pair of processes.
 //   receive buffer  rank-major: process p's block at p * contributions * mine, so row k of process p is
 //                   row p * contributions + k: the global order of the canonical tree's leaves.
-//   gather          slice r's new parameters land at first(r) of a buffer of every variable end to end.
+//   gather          slice r's new parameters land at first(r) of a buffer of every variable end to end,
+//                   each padded (padded_flat_starts: the slices' storage in owner order).
 
 #include <cstddef>
 #include <vector>
@@ -39,7 +42,7 @@ class exchange_plan {
     std::size_t first = 0;
     for (const owner_slice& slice : slices_) {
       first_.push_back(first);
-      first += slice.elements;
+      first += slice.stored_elements;
     }
     total_ = first;
   }
@@ -53,7 +56,7 @@ class exchange_plan {
   // The rows an owner sums: every process's contributions.
   int rows() const { return processes() * static_cast<int>(contributions_); }
   std::size_t send_elements() const { return contributions_ * total_; }
-  std::size_t receive_elements() const { return static_cast<std::size_t>(rows()) * mine().elements; }
+  std::size_t receive_elements() const { return static_cast<std::size_t>(rows()) * mine().stored_elements; }
 
   // Pointer-table entries (role = row k, then variable) of the rows this process sends `owner`.
   template <class T>
@@ -74,15 +77,15 @@ class exchange_plan {
     blocks b;
     for (int r = 0; r < processes(); ++r) {
       b.offsets.push_back(contributions_ * first(r) * value_bytes);
-      b.bytes.push_back(contributions_ * slice(r).elements * value_bytes);
+      b.bytes.push_back(contributions_ * slice(r).stored_elements * value_bytes);
     }
     return b;
   }
   blocks receive_blocks(std::size_t value_bytes) const {
     blocks b;
     for (int r = 0; r < processes(); ++r) {
-      b.offsets.push_back(static_cast<std::size_t>(r) * contributions_ * mine().elements * value_bytes);
-      b.bytes.push_back(contributions_ * mine().elements * value_bytes);
+      b.offsets.push_back(static_cast<std::size_t>(r) * contributions_ * mine().stored_elements * value_bytes);
+      b.bytes.push_back(contributions_ * mine().stored_elements * value_bytes);
     }
     return b;
   }
@@ -90,7 +93,7 @@ class exchange_plan {
     blocks b;
     for (int r = 0; r < processes(); ++r) {
       b.offsets.push_back(first(r) * value_bytes);
-      b.bytes.push_back(slice(r).elements * value_bytes);
+      b.bytes.push_back(slice(r).stored_elements * value_bytes);
     }
     return b;
   }

@@ -9,21 +9,43 @@
 // each screen tile belongs to one owner: make_chunk_table(slice.ranges, screen_tile_elements) lists
 // the slice's tiles. The slices in owner order list the chunks, and so the tiles, in
 // the table's order.
+//
+// Compact storage keeps the device's vector I/O aligned: each range starts on a multiple of
+// stored_alignment elements (64: 256 bytes of float, a multiple of every launch policy's vector), so a
+// range after one of odd length is padded, never shifted. A range ends where its variable ends or
+// where a chunk ends, so the slices' storage in owner order is one buffer of every variable end to
+// end, each variable padded to a multiple of stored_alignment (padded_flat_starts): the gather of
+// reduce::sharded across processes.
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
+#include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/reduce/chunk_table.hpp"
 
 namespace towerpipe {
 namespace detail {
 
+// Elements: compact storage starts each range on a multiple of this.
+constexpr std::size_t stored_alignment = 64;
+constexpr std::size_t padded_to_stored_alignment(std::size_t elements) {
+  return (elements + stored_alignment - 1) / stored_alignment * stored_alignment;
+}
+
 struct owner_slice {
   chunk_group chunks;                 // [first, last) of the chunk table; empty where there are more owners than chunks
   std::vector<element_range> ranges;  // the elements of each variable the slice holds, in variable order
-  std::size_t elements = 0;
+  std::vector<std::size_t> stored_at; // per range: its first element's offset in compact storage
+  std::size_t elements = 0;           // the elements the slice holds
+  std::size_t stored_elements = 0;    // the elements of its compact storage, padding included
+
+  // f(range, offset in compact storage) for each range, in order.
+  template <class F>
+  void for_each_stored_range(F&& f) const {
+    for (std::size_t i = 0; i < ranges.size(); ++i) f(ranges[i], stored_at[i]);
+  }
 
   bool empty() const { return chunks.first == chunks.last; }
   // The chunks of the slice, for an owner's own chunk table.
@@ -49,12 +71,25 @@ inline std::vector<owner_slice> cut_into_slices(const std::vector<tensor_chunk>&
       slice.elements += table[chunk++].count;
     }
     slice.chunks.last = chunk;
-    if (!slice.empty()) slice.ranges = group_ranges(table, slice.chunks);
+    if (slice.empty()) continue;
+    slice.ranges = group_ranges(table, slice.chunks);
+    for (const element_range& range : slice.ranges) {
+      slice.stored_at.push_back(slice.stored_elements);
+      slice.stored_elements += padded_to_stored_alignment(range.end - range.begin);
+    }
   }
   return slices;
 }
 
-// For compact storage of a slice at `base` (its ranges end to end): one pointer per variable such that
+// Where each variable starts in the owners' compact storage laid end to end (see the top), and, last,
+// the whole length: variable v's padded size is padded_to_stored_alignment(size).
+inline std::vector<std::size_t> padded_flat_starts(const variable_set& variables) {
+  std::vector<std::size_t> starts{0};
+  for (const variable& v : variables) starts.push_back(starts.back() + padded_to_stored_alignment(v.size));
+  return starts;
+}
+
+// For compact storage of a slice at `base` (see the top): one pointer per variable such that
 // pointer[v] + i is element i of variable v for every i in the slice's range of v, nullptr for the
 // variables it does not hold — the form pointer_table's users index with a variable's own element
 // numbers. Computed in unsigned address arithmetic (base - range.begin may lie before the allocation;
@@ -62,12 +97,10 @@ inline std::vector<owner_slice> cut_into_slices(const std::vector<tensor_chunk>&
 template <class T>
 std::vector<T*> slice_pointers(const owner_slice& slice, T* base, std::size_t variable_count) {
   std::vector<T*> pointers(variable_count, nullptr);
-  std::size_t offset = 0;
-  for (const element_range& range : slice.ranges) {
+  slice.for_each_stored_range([&](const element_range& range, std::size_t offset) {
     const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(base + offset) - range.begin * sizeof(T);
     pointers[range.variable] = reinterpret_cast<T*>(address);
-    offset += range.end - range.begin;
-  }
+  });
   return pointers;
 }
 
@@ -78,7 +111,7 @@ template <class T>
 std::vector<T*> slice_row_pointers(const owner_slice& slice, T* base, std::size_t rows, std::size_t variable_count) {
   std::vector<T*> pointers;
   for (std::size_t k = 0; k < rows; ++k) {
-    const std::vector<T*> row = slice_pointers(slice, base + k * slice.elements, variable_count);
+    const std::vector<T*> row = slice_pointers(slice, base + k * slice.stored_elements, variable_count);
     pointers.insert(pointers.end(), row.begin(), row.end());
   }
   if (pointers.empty()) pointers.push_back(nullptr);

@@ -54,6 +54,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
 
   p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
       : device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
+        wiring_(towers.access()),
         timing_stream_(towers.device(0)),
         tree_start_(towers.device(0), true),
         root_start_(towers.device(0), true),
@@ -62,46 +63,33 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     check_device_tower_count("reduce::p2p_tree", towers.towers());
     const std::size_t n = towers.towers();
     const int count = static_cast<int>(variables.count());
-    const std::vector<T> unit_weights(n, T(1));
-    const auto rounds = canonical_tree_rounds<T>(static_cast<int>(n), unit_weights);
-    parent_.assign(n, -1);
-    for (const auto& round : rounds) {
-      for (const tree_edge<T>& edge : round) parent_[static_cast<std::size_t>(edge.right)] = edge.left;
-    }
     // The root's apply writes these replicas in the same pass: one pass instead of one plus a pull each.
     std::vector<device_buffer*> root_targets{&towers.replica(0)};
-    written_by_root_.assign(n, 0);
     for (std::size_t t = 1; t < n; ++t) {
-      if (parent_[t] != 0 || !towers.can_access(towers.device(0), towers.device(t))) continue;
-      written_by_root_[t] = 1;
-      root_targets.push_back(&towers.replica(t));
+      if (wiring_.written_by_root[t]) root_targets.push_back(&towers.replica(t));
     }
     root_replica_count_ = static_cast<int>(root_targets.size());
     root_targets_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(root_targets), count, towers.device(0));
+    const std::size_t rounds = canonical_tree_rounds<T>(static_cast<int>(n), std::vector<T>(n, T(1))).size();
     for (std::size_t t = 0; t < n; ++t) {
       const int device = towers.device(t);
-      nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements,
-                                              towers.trace().on() ? rounds.size() : 0));
+      nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements, towers.trace().on() ? rounds : 0));
       node& own = *nodes_.back();
-      // This tower's view of every tower's gradient buffer (the partial sums): direct, or its scratch.
-      std::vector<device_buffer*> sums;
-      for (std::size_t other = 0; other < n; ++other) {
-        const bool direct = towers.can_access(device, towers.device(other));
-        if (!direct && !own.scratch) {
-          own.scratch = std::make_unique<device_buffer>(variables, cuda_device_memory{device});
-          log_warning(make_message("reduce::p2p_tree: tower ", t, " (device ", device,
-                                           ") reads other towers through copies: no peer access"));
-        }
-        sums.push_back(direct ? &towers.gradients(other) : own.scratch.get());
+      if (wiring_.needs_scratch[t]) {
+        own.scratch = std::make_unique<device_buffer>(variables, cuda_device_memory{device});
+        log_warning(make_message("reduce::p2p_tree: tower ", t, " (device ", device,
+                                 ") reads some of its children in the tree through copies: no direct access"));
       }
+      // This tower's view of every tower's gradient buffer (the partial sums): in place, or its scratch.
+      std::vector<device_buffer*> sums;
+      for (std::size_t other = 0; other < n; ++other)
+        sums.push_back(wiring_.via_scratch[t][other] ? own.scratch.get() : &towers.gradients(other));
       own.sums = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(sums), count, device);
-      if (parent_[t] < 0 || written_by_root_[t]) continue;
+      if (t == 0 || wiring_.written_by_root[t]) continue;
       // A tower that pulls its parameters from its parent.
       std::vector<device_buffer*> target{&towers.replica(t)};
       own.own_replica = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(target), count, device);
-      const std::size_t parent = static_cast<std::size_t>(parent_[t]);
-      own.pulls_directly = towers.can_access(device, towers.device(parent));
-      std::vector<device_buffer*> source{&towers.replica(parent)};
+      std::vector<device_buffer*> source{&towers.replica(static_cast<std::size_t>(wiring_.parent[t]))};
       own.parent_replica = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(source), count, device);
     }
   }
@@ -141,6 +129,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     }
     root_end_.record(stream);
     root_end_.synchronize();  // after every round too: the root's edge waited for them
+    tree_start_.synchronize();  // on a stream of its own, which nothing above waited for
     stages.reduce = seconds_between(tree_start_, root_end_);
     towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + screen", "reduce (GPU)");
     screen_partials partials = average_.screen.results();
@@ -189,7 +178,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         const cuda_stream& stream = towers.stream(static_cast<std::size_t>(edge.left));
         device_guard on(stream.device());
         nodes_[right]->partial_ready->make_wait(stream);
-        if (left.scratch && !towers.can_access(stream.device(), towers.device(right)))
+        if (wiring_.via_scratch[static_cast<std::size_t>(edge.left)][right])
           copy_buffer_async(*left.scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
         if (!left.edge_start.empty()) left.edge_start[r].record(stream);
         left.chunks.template launch<Policy>(tree_round_agent<T>{left.sums->view(), edge, checked ? left.key.get() : nullptr},
@@ -209,7 +198,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
       const cuda_stream& stream = towers.stream(0);
       device_guard on(stream.device());
       nodes_[right]->partial_ready->make_wait(stream);
-      if (nodes_[0]->scratch && !towers.can_access(stream.device(), towers.device(right)))
+      if (wiring_.via_scratch[0][right])
         copy_buffer_async(*nodes_[0]->scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
     }
     return rounds;
@@ -237,12 +226,12 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         const cuda_stream& stream = towers.stream(child);
         device_guard on(stream.device());
         nodes_[parent]->parameters_ready->make_wait(stream);
-        if (written_by_root_[child]) {
+        if (wiring_.written_by_root[child]) {
           own.parameters_ready = nodes_[parent]->parameters_ready;
           continue;
         }
         own.pull_start.record(stream);
-        if (own.pulls_directly) {
+        if (wiring_.pulls_directly[child]) {
           own.chunks.template launch<Policy>(copy_agent<T>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
         } else {
           copy_buffer_async(towers.replica(child), stream.device(), towers.replica(parent), towers.device(parent), stream);
@@ -252,6 +241,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
       }
     }
     for (const auto& own : nodes_) own->parameters_ready->synchronize();
+    tree_start_.synchronize();  // on a stream of its own, which nothing above waited for
     stages.reduce = seconds_between(tree_start_, root_end_);
     stages.broadcast = broadcast_seconds();
     if (towers.trace().on()) record_device_spans(towers, rounds);
@@ -276,7 +266,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     std::unique_ptr<device_buffer> scratch;                // only without peer access to some tower
     std::unique_ptr<device_pointer_table<T>> sums;          // role = tower: partial sums as this tower reads them
     std::unique_ptr<device_pointer_table<T>> parent_replica, own_replica;  // only for towers that pull
-    bool pulls_directly = true;
     cuda_device_memory::owner<nonfinite_key> key;  // checked steps: the first non-finite raw operand it read
     cuda_pinned_memory::owner<nonfinite_key> host_key;
     cuda_event partial_done;
@@ -292,8 +281,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     std::vector<double> arrival(nodes_.size(), 0.0);  // parents come before their children
     double longest = 0;
     for (std::size_t t = 1; t < nodes_.size(); ++t) {
-      arrival[t] = arrival[static_cast<std::size_t>(parent_[t])];
-      if (!written_by_root_[t]) arrival[t] += seconds_between(nodes_[t]->pull_start, nodes_[t]->parameters_done);
+      arrival[t] = arrival[static_cast<std::size_t>(wiring_.parent[t])];
+      if (!wiring_.written_by_root[t]) arrival[t] += seconds_between(nodes_[t]->pull_start, nodes_[t]->parameters_done);
       longest = std::max(longest, arrival[t]);
     }
     return longest;
@@ -311,16 +300,15 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
       }
     }
     for (std::size_t t = 1; t < nodes_.size(); ++t) {
-      if (written_by_root_[t]) continue;  // written by the root's pass, on row "reduce (GPU)"
+      if (wiring_.written_by_root[t]) continue;  // written by the root's pass, on row "reduce (GPU)"
       towers.device_span(t, nodes_[t]->pull_start, nodes_[t]->parameters_done,
-                         make_message("broadcast: pull from tower ", parent_[t]), "tower ", t, " (GPU)");
+                         make_message("broadcast: pull from tower ", wiring_.parent[t]), "tower ", t, " (GPU)");
     }
   }
 
+  tree_wiring wiring_;          // which buffers each edge and pull uses in place, which through copies
   cuda_stream timing_stream_;  // on tower 0's device: marks when the last tower's gradients were ready
   cuda_event tree_start_, root_start_, root_end_;
-  std::vector<int> parent_;  // tower -> its parent in the tree; -1 for the root
-  std::vector<char> written_by_root_;  // towers whose replica the root's pass writes
   std::unique_ptr<device_pointer_table<T>> root_targets_;  // role 0: tower 0's replica, then those towers'
   int root_replica_count_ = 1;
   std::vector<std::unique_ptr<node>> nodes_;

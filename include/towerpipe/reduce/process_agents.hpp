@@ -101,16 +101,14 @@ struct rows_apply_agent {
   }
 };
 
-// Pointer-table entries for buffers that hold the variables end to end (the flat element space): one
-// per variable, at base + the variable's first flat index.
+// Pointer-table entries for a buffer that holds the variables end to end, each padded
+// (reduce/owner_slices.hpp padded_flat_starts: the owners' compact storage in owner order): one per
+// variable, at base + the variable's padded start.
 template <class T>
-std::vector<T*> flat_pointers(T* base, const variable_set& variables) {
+std::vector<T*> padded_flat_pointers(T* base, const variable_set& variables) {
+  const std::vector<std::size_t> starts = padded_flat_starts(variables);
   std::vector<T*> pointers;
-  std::size_t start = 0;
-  for (const variable& v : variables) {
-    pointers.push_back(base + start);
-    start += v.size;
-  }
+  for (std::size_t v = 0; v < variables.count(); ++v) pointers.push_back(base + starts[v]);
   return pointers;
 }
 

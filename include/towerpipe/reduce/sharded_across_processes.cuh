@@ -61,12 +61,13 @@ constexpr bool check_sharded_gpu_types() {
 }
 
 // A checked step's slice of the average (or running sum, with accumulation) and the screen of its tiles,
-// on the owner's device.
-template <class T>
+// on the owner's device; `chunks`: the slice's.
+template <class T, class Policy>
 struct sharded_checked_buffers {
-  sharded_checked_buffers(const variable_set& variables, const owner_slice& slice, int device)
-      : storage(cuda_device_memory{device}.allocate<T>(slice.elements, 256)),
-        table(slice_pointers(slice, storage.get(), variables.count()), static_cast<int>(variables.count()), device),
+  sharded_checked_buffers(const variable_set& variables, const owner_slice& slice, const std::vector<tensor_chunk>& chunks, int device)
+      : storage(cuda_device_memory{device}.allocate<T>(slice.stored_elements, 256)),
+        table(vector_pointer_table<Policy>(slice_pointers(slice, storage.get(), variables.count()), static_cast<int>(variables.count()),
+                                           chunks, device, "reduce::sharded: a slice of the checked average")),
         screen(make_chunk_table(slice.ranges, screen_tile_elements), device) {}
   cuda_device_memory::owner<T> storage;
   device_pointer_table<T> table;  // role 0: the average, indexed as a whole variable
@@ -94,25 +95,31 @@ class sharded_process_reducer {
         table_(make_chunk_table(variables, Policy::chunk_elements)),
         plan_(table_, variables.count(), span.size(), span.rank(), is_power_of_two(towers.towers()) ? 1 : towers.towers()),
         slots_(Optim::state_slots(h)),
+        my_chunk_list_(plan_.mine().chunk_list(table_)),
         all_chunks_(table_, device_),
-        my_chunks_(plan_.mine().chunk_list(table_), device_),
+        my_chunks_(my_chunk_list_, device_),
+        padded_starts_(padded_flat_starts(variables)),
         send_(allocate(plan_.send_elements())),
         received_(allocate(plan_.receive_elements())),
-        updated_(allocate(plan_.mine().elements)),
+        updated_(allocate(plan_.mine().stored_elements)),
         gathered_(allocate(plan_.total())),
-        state_storage_(allocate(static_cast<std::size_t>(slots_) * plan_.mine().elements)),  // zeros
+        state_storage_(allocate(static_cast<std::size_t>(slots_) * plan_.mine().stored_elements)),  // zeros
         staged_gradients_(stage_where_needed(towers)),
         gradients_(gradient_pointers(towers), count(), device_),
         replicas_(direct_replica_pointers(towers), count(), device_),
-        master_(slice_pointers(plan_.mine(), updated_.get(), variables.count()), count(), device_),
-        state_(slice_row_pointers(plan_.mine(), state_storage_.get(), static_cast<std::size_t>(slots_), variables.count()), count(),
-               device_),
+        master_(vector_pointer_table<Policy>(slice_pointers(plan_.mine(), updated_.get(), variables.count()), count(), my_chunk_list_,
+                                             device_, "reduce::sharded: this process's master slice")),
+        state_(vector_pointer_table<Policy>(
+            slice_row_pointers(plan_.mine(), state_storage_.get(), static_cast<std::size_t>(slots_), variables.count()), count(),
+            my_chunk_list_, device_, "reduce::sharded: this process's slice of the optimizer state")),
         send_blocks_(plan_.send_blocks(sizeof(T))),
         receive_blocks_(plan_.receive_blocks(sizeof(T))),
         gather_blocks_(plan_.gather_blocks(sizeof(T))),
-        received_rows_(plan_.received_row_pointers(received_.get()), count(), device_),
-        gathered_flat_(flat_pointers(gathered_.get(), variables), count(), device_),
-        host_slice_(plan_.mine().elements),
+        received_rows_(vector_pointer_table<Policy>(plan_.received_row_pointers(received_.get()), count(), my_chunk_list_, device_,
+                                                    "reduce::sharded: the rows this process receives")),
+        gathered_flat_(vector_pointer_table<Policy>(padded_flat_pointers(gathered_.get(), variables), count(), table_, device_,
+                                                    "reduce::sharded: the gathered parameters")),
+        host_slice_(plan_.mine().stored_elements),
         host_state_(plan_.total()) {
     check_device_tower_count("reduce::sharded", towers.towers());
     for (int owner = 0; owner < plan_.processes(); ++owner) {
@@ -129,7 +136,8 @@ class sharded_process_reducer {
       staged_ = std::make_unique<staged_collectives>(span.group());
       collectives_ = staged_.get();
     }
-    if (takes_checked_steps(options, false)) checked_ = std::make_unique<checked_buffers>(variables, plan_.mine(), device_);
+    if (takes_checked_steps(options, false))
+      checked_ = std::make_unique<checked_buffers>(variables, plan_.mine(), my_chunk_list_, device_);
   }
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
@@ -179,14 +187,14 @@ class sharded_process_reducer {
     device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     for_my_part(index, [&](std::size_t offset, const element_range& r) {
-      TOWERPIPE_CUDA_CHECK(cudaMemcpy(updated_.get() + offset, values + r.begin, (r.end - r.begin) * sizeof(T), cudaMemcpyHostToDevice));
+      copy_to_device_now(updated_.get() + offset, values + r.begin, (r.end - r.begin) * sizeof(T));
     });
   }
 
   std::size_t state_slots() const { return static_cast<std::size_t>(slots_); }
   std::vector<std::size_t> state_bytes_per_tower(std::size_t towers) const {
     std::vector<std::size_t> bytes(towers, 0);
-    bytes[0] = static_cast<std::size_t>(slots_) * plan_.mine().elements * sizeof(T);
+    bytes[0] = static_cast<std::size_t>(slots_) * plan_.mine().stored_elements * sizeof(T);
     return bytes;
   }
 
@@ -202,9 +210,7 @@ class sharded_process_reducer {
                                       gather_blocks_.offsets, gather_blocks_.bytes, "gathering optimizer state");
       gathered_slot_ = static_cast<int>(slot);
     }
-    std::size_t start = 0;
-    for (std::size_t v = 0; v < index; ++v) start += variables_[v].size;
-    return tensor_view<const T>(host_state_.data() + start, variables_[index].shape);
+    return tensor_view<const T>(host_state_.data() + padded_starts_[index], variables_[index].shape);
   }
   // This process's part of the values (no communication).
   void set_state(std::size_t slot, std::size_t index, const T* values) {
@@ -213,7 +219,7 @@ class sharded_process_reducer {
     device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
     for_my_part(index, [&](std::size_t offset, const element_range& r) {
-      TOWERPIPE_CUDA_CHECK(cudaMemcpy(slot_base(slot) + offset, values + r.begin, (r.end - r.begin) * sizeof(T), cudaMemcpyHostToDevice));
+      copy_to_device_now(slot_base(slot) + offset, values + r.begin, (r.end - r.begin) * sizeof(T));
     });
   }
 
@@ -221,11 +227,12 @@ class sharded_process_reducer {
   // The rows this process sends one owner, over that owner's chunks.
   struct send_rows {
     send_rows(const std::vector<tensor_chunk>& chunks, const std::vector<T*>& rows, int variables, int device)
-        : chunks(chunks, device), rows(rows, variables, device) {}
+        : chunks(chunks, device),
+          rows(vector_pointer_table<Policy>(rows, variables, chunks, device, "reduce::sharded: the rows sent to an owner")) {}
     device_chunk_table chunks;
     device_pointer_table<T> rows;
   };
-  using checked_buffers = sharded_checked_buffers<T>;
+  using checked_buffers = sharded_checked_buffers<T, Policy>;
 
   static bool is_power_of_two(std::size_t n) { return n != 0 && (n & (n - 1)) == 0; }
   static double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -233,7 +240,7 @@ class sharded_process_reducer {
   }
   int count() const { return static_cast<int>(variables_.count()); }
   cuda_device_memory::owner<T> allocate(std::size_t elements) const { return cuda_device_memory{device_}.allocate<T>(elements, 256); }
-  T* slot_base(std::size_t slot) const { return state_storage_.get() + slot * plan_.mine().elements; }
+  T* slot_base(std::size_t slot) const { return state_storage_.get() + slot * plan_.mine().stored_elements; }
   void check_slot(std::size_t slot) const {
     if (slot >= static_cast<std::size_t>(slots_)) fail("reduce::sharded: state slot ", slot, " of ", slots_);
   }
@@ -245,18 +252,17 @@ class sharded_process_reducer {
   // f(offset in the compact slice, range) for this process's ranges of variable `index`.
   template <class F>
   void for_my_part(std::size_t index, F&& f) const {
-    std::size_t offset = 0;
-    for (const element_range& r : plan_.mine().ranges) {
+    plan_.mine().for_each_stored_range([&](const element_range& r, std::size_t offset) {
       if (r.variable == index) f(offset, r);
-      offset += r.end - r.begin;
-    }
+    });
   }
 
   // A whole copy of the gradients of each local tower tower 0's device cannot address; null elsewhere.
   std::vector<std::unique_ptr<device_buffer>> stage_where_needed(cuda_towers<Layout>& towers) const {
     std::vector<std::unique_ptr<device_buffer>> staged(towers.towers());
+    const std::vector<char> copied = towers.access().copied_by(0);  // never tower 0
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (towers.can_access(device_, towers.device(t))) continue;
+      if (!copied[t]) continue;
       log_warning(make_message("reduce::sharded: device ", device_, " (tower 0) does not reach device ", towers.device(t),
                                " (tower ", t, ") directly; that tower's gradients and parameters are copied"));
       staged[t] = std::make_unique<device_buffer>(variables_, cuda_device_memory{device_});
@@ -315,11 +321,9 @@ class sharded_process_reducer {
       all_chunks_.launch<Policy>(copy_agent<T>{gathered_flat_.const_view(), replicas_.view(), direct_replicas_}, stream_);
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       if (!staged_gradients_[t]) continue;
-      std::size_t start_element = 0;
       for (std::size_t v = 0; v < variables_.count(); ++v) {
-        TOWERPIPE_CUDA_CHECK(cudaMemcpyPeerAsync(towers.replica(t).data(v), towers.device(t), gathered_.get() + start_element, device_,
-                                                 variables_[v].size * sizeof(T), stream_.get()));
-        start_element += variables_[v].size;
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyPeerAsync(towers.replica(t).data(v), towers.device(t), gathered_.get() + padded_starts_[v],
+                                                 device_, variables_[v].size * sizeof(T), stream_.get()));
       }
     }
     end_.record(stream_);
@@ -338,7 +342,9 @@ class sharded_process_reducer {
   std::vector<tensor_chunk> table_;
   exchange_plan plan_;
   int slots_;
+  std::vector<tensor_chunk> my_chunk_list_;  // this process's slice
   device_chunk_table all_chunks_, my_chunks_;
+  std::vector<std::size_t> padded_starts_;  // where each variable lies in gathered_ and host_state_
   cuda_device_memory::owner<T> send_, received_, updated_, gathered_, state_storage_;
   std::vector<std::unique_ptr<device_buffer>> staged_gradients_;  // per local tower; null: read directly
   int direct_replicas_ = 0;                // towers the broadcast kernel writes (set by direct_replica_pointers)
@@ -348,7 +354,7 @@ class sharded_process_reducer {
   device_pointer_table<T> state_;          // role = slot, indexed as whole variables
   exchange_plan::blocks send_blocks_, receive_blocks_, gather_blocks_;  // in bytes, the same every step
   device_pointer_table<T> received_rows_;  // role = global row
-  device_pointer_table<T> gathered_flat_;  // role 0: every variable, end to end
+  device_pointer_table<T> gathered_flat_;  // role 0: every variable, end to end, padded
   std::vector<std::unique_ptr<send_rows>> sends_;  // one per owner with a non-empty slice
   device_collectives* collectives_ = nullptr;
   std::unique_ptr<staged_collectives> staged_;

@@ -132,7 +132,7 @@ class sharded_device_reducer {
   // Bytes of optimizer state on each tower's device: the owner's slice of every slot.
   std::vector<std::size_t> state_bytes_per_tower(std::size_t towers) const {
     std::vector<std::size_t> bytes(towers, 0);
-    for (const auto& o : owners_) bytes[o->tower] = static_cast<std::size_t>(slots_) * o->slice.elements * sizeof(T);
+    for (const auto& o : owners_) bytes[o->tower] = static_cast<std::size_t>(slots_) * o->slice.stored_elements * sizeof(T);
     return bytes;
   }
 
@@ -147,12 +147,12 @@ class sharded_device_reducer {
 
   void set_state(std::size_t slot, std::size_t index, const T* values) {
     for_each_part(slot, index, [&](T* device_part, std::size_t begin, std::size_t count) {
-      TOWERPIPE_CUDA_CHECK(cudaMemcpy(device_part, values + begin, count * sizeof(T), cudaMemcpyHostToDevice));
+      copy_to_device_now(device_part, values + begin, count * sizeof(T));
     });
   }
 
  private:
-  using checked_buffers = sharded_checked_buffers<T>;
+  using checked_buffers = sharded_checked_buffers<T, Policy>;
 
   // One owner: tower `tower`'s device, its slice, its slice of the state. It reads and writes the towers'
   // buffers directly where its device can (pipeline_options::direct_device_access, peer access); for
@@ -167,23 +167,27 @@ class sharded_device_reducer {
           stream(device),
           start(device, true),
           end(device, true),
-          chunks(slice.chunk_list(table), device),
-          state_storage(cuda_device_memory{device}.allocate<T>(static_cast<std::size_t>(slots) * slice.elements, 256)),  // zeros
-          state(slice_row_pointers(slice, state_storage.get(), static_cast<std::size_t>(slots), variables.count()),
-                static_cast<int>(variables.count()), device),
+          chunk_list(slice.chunk_list(table)),
+          chunks(chunk_list, device),
+          state_storage(cuda_device_memory{device}.allocate<T>(static_cast<std::size_t>(slots) * slice.stored_elements, 256)),  // zeros
+          state(vector_pointer_table<Policy>(slice_row_pointers(slice, state_storage.get(), static_cast<std::size_t>(slots), variables.count()),
+                                             static_cast<int>(variables.count()), chunk_list, device,
+                                             "reduce::sharded: an owner's slice of the optimizer state")),
           staged(stage_where_needed(towers)),
-          gradients(tower_pointers(towers, &cuda_towers<Layout>::gradients, &copies::gradients, variables.count()),
-                    static_cast<int>(variables.count()), device),
-          replicas(tower_pointers(towers, &cuda_towers<Layout>::replica, &copies::replica, variables.count()),
-                   static_cast<int>(variables.count()), device) {
-      if (checked) checked_ = std::make_unique<checked_buffers>(variables, slice, device);
+          gradients(vector_pointer_table<Policy>(
+              tower_pointers(towers, &cuda_towers<Layout>::gradients, &copies::gradients, variables.count()),
+              static_cast<int>(variables.count()), chunk_list, device, "reduce::sharded: the gradients an owner reads")),
+          replicas(vector_pointer_table<Policy>(tower_pointers(towers, &cuda_towers<Layout>::replica, &copies::replica, variables.count()),
+                                                static_cast<int>(variables.count()), chunk_list, device,
+                                                "reduce::sharded: the replicas an owner writes")) {
+      if (checked) checked_ = std::make_unique<checked_buffers>(variables, slice, chunk_list, device);
     }
 
     checked_buffers& checked() {
       if (!checked_) fail("reduce::sharded: a checked step on a pipeline built for unchecked steps");
       return *checked_;
     }
-    T* slot_base(std::size_t slot) const { return state_storage.get() + slot * slice.elements; }
+    T* slot_base(std::size_t slot) const { return state_storage.get() + slot * slice.stored_elements; }
 
     // On the owner's stream: the copied towers' slices of their gradients, and replica 0's (the master
     // copy the optimizer reads) where it is copied; then, after the kernel, the new slice to the copied towers.
@@ -216,8 +220,9 @@ class sharded_device_reducer {
     owner_slice slice;
     cuda_stream stream;
     cuda_event start, end;
+    std::vector<tensor_chunk> chunk_list;  // the slice's chunks
     device_chunk_table chunks;
-    cuda_device_memory::owner<T> state_storage;  // slot after slot, each the slice's elements end to end
+    cuda_device_memory::owner<T> state_storage;  // slot after slot, each the slice's compact storage
     device_pointer_table<T> state;               // role = slot, indexed as whole variables
     std::vector<std::unique_ptr<copies>> staged;  // per tower; null: read and written directly
     device_pointer_table<T> gradients;           // role = tower
@@ -227,12 +232,14 @@ class sharded_device_reducer {
    private:
     std::vector<std::unique_ptr<copies>> stage_where_needed(cuda_towers<Layout>& towers) const {
       std::vector<std::unique_ptr<copies>> result(towers.towers());
+      const std::vector<char> copied = towers.access().copied_by(tower);  // never its own tower
       for (std::size_t t = 0; t < towers.towers(); ++t) {
-        if (towers.can_access(device, towers.device(t))) continue;
+        if (!copied[t]) continue;
         log_warning(make_message("reduce::sharded: owner ", tower, " (device ", device, ") does not reach tower ", t,
                                  " (device ", towers.device(t), ") directly; its slice of that tower's buffers is copied"));
         const cuda_device_memory memory{device};
-        result[t] = std::make_unique<copies>(copies{memory.allocate<T>(slice.elements, 256), memory.allocate<T>(slice.elements, 256)});
+        result[t] = std::make_unique<copies>(
+            copies{memory.allocate<T>(slice.stored_elements, 256), memory.allocate<T>(slice.stored_elements, 256)});
       }
       return result;
     }
@@ -292,11 +299,9 @@ class sharded_device_reducer {
     for (auto& o : owners_) {
       device_guard on(o->device);
       TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(o->stream.get()));
-      std::size_t offset = 0;
-      for (const element_range& r : o->slice.ranges) {
+      o->slice.for_each_stored_range([&](const element_range& r, std::size_t offset) {
         if (r.variable == index) part(o->slot_base(slot) + offset, r.begin, r.end - r.begin);
-        offset += r.end - r.begin;
-      }
+      });
     }
   }
 
