@@ -84,10 +84,15 @@ std::vector<input_spec> model_inputs() {
 }
 
 // A tower's values as a host vector, and back: its memory is the host's for exec::host and its device's
-// for exec::cuda (the GPU build of this file, where cudaMemcpyDefault serves both).
+// for exec::cuda (the GPU build of this file, where cudaMemcpyDefault serves both). On the device, the
+// copy waits for all the device's work first (the staged shard and the new parameters arrive on other
+// streams) and is finished on return (a copy from pageable memory may return before it lands, and the
+// reducer's streams do not wait for the default stream).
 void copy_bytes(void* target, const void* source, std::size_t bytes) {
 #if defined(TOWERPIPE_TEST_GPU_TOWERS)
-  if (cudaMemcpy(target, source, bytes, cudaMemcpyDefault) != cudaSuccess) throw std::runtime_error("cudaMemcpy");
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(target, source, bytes, cudaMemcpyDefault) != cudaSuccess ||
+      cudaDeviceSynchronize() != cudaSuccess)
+    throw std::runtime_error("copy_bytes: cudaMemcpy");
 #else
   std::memcpy(target, source, bytes);
 #endif
