@@ -26,13 +26,18 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <exception>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "towerpipe/core/checksum.hpp"
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/half_types.hpp"
 #include "towerpipe/core/policy_kinds.hpp"
@@ -44,6 +49,7 @@
 #include "towerpipe/reduce/reducer_contract.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/reduce/screen.hpp"
+#include "towerpipe/reduce/sharded_processes.hpp"
 #include "towerpipe/split.hpp"
 #include "towerpipe/stats.hpp"
 #include "towerpipe/trace/tracer.hpp"
@@ -95,6 +101,9 @@ class pipeline {
     if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
     check_input_specs(inputs_);
     check_options(options_, towers, variables_->count());
+    if (options_.processes && !detail::reducer_spans_processes<reducer_type>::value)
+      detail::fail("pipeline_options::processes is set, but reduce::", Reduce::name, " does not span processes: each process would ",
+                   "train alone on its own shards; use reduce::sharded, or leave processes empty");
     if (options_.loss_scale.mode != loss_scale_mode::off) loss_scale_ = static_cast<float>(options_.loss_scale.initial_scale);
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = make_reducer();
@@ -137,19 +146,7 @@ class pipeline {
   // Sets a variable's parameters on every tower.
   void set_parameter(std::size_t index, const value_type* values, std::size_t count) {
     const exclusive_call call(busy_, "set_parameter");
-    variables_->check_index(index);
-    const variable& v = (*variables_)[index];
-    if (count != v.size)
-      detail::fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ",
-                   v.size);
-    if constexpr (mixed_precision) {
-      std::vector<stored_type> rounded(count);
-      for (std::size_t i = 0; i < count; ++i) rounded[i] = detail::narrow<stored_type>(values[i]);
-      towers_->set_parameter(index, rounded.data());
-    } else {
-      towers_->set_parameter(index, values);
-    }
-    if constexpr (detail::reducer_has_parameter_set<reducer_type>::value) reducer_->parameter_set(index, values);
+    set_parameter_held(index, values, count);
   }
   void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
     set_parameter(variables_->index_of(name), values, count);
@@ -164,6 +161,33 @@ class pipeline {
       set_parameter(i, values.data(), values.size());
     }
   }
+
+ private:
+  void set_parameter_held(std::size_t index, const value_type* values, std::size_t count) {
+    variables_->check_index(index);
+    const variable& v = (*variables_)[index];
+    if (count != v.size)
+      detail::fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ",
+                   v.size);
+    if constexpr (mixed_precision) {
+      std::vector<stored_type> rounded(count);
+      for (std::size_t i = 0; i < count; ++i) rounded[i] = detail::narrow<stored_type>(values[i]);
+      towers_->set_parameter(index, rounded.data());
+    } else {
+      towers_->set_parameter(index, values);
+    }
+    if constexpr (detail::reducer_has_parameter_set<reducer_type>::value) reducer_->parameter_set(index, values);
+    parameters_set_ = true;
+  }
+  void set_optimizer_state_held(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
+    check_state_slot(slot, index);
+    if (count != (*variables_)[index].size)
+      detail::fail(Optim::name, " state slot ", slot, " of '", (*variables_)[index].name, "' set with ", count,
+                   " values; it holds ", (*variables_)[index].size);
+    reducer_->set_state(slot, index, values);
+  }
+
+ public:
 
   // Optimizer state slot `slot` (see the optimizer's header for what each slot holds).
   std::size_t optimizer_state_slots() const { return reducer_->state_slots(); }
@@ -182,11 +206,7 @@ class pipeline {
   }
   void set_optimizer_state(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
     const exclusive_call call(busy_, "set_optimizer_state");
-    check_state_slot(slot, index);
-    if (count != (*variables_)[index].size)
-      detail::fail(Optim::name, " state slot ", slot, " of '", (*variables_)[index].name, "' set with ", count,
-                   " values; it holds ", (*variables_)[index].size);
-    reducer_->set_state(slot, index, values);
+    set_optimizer_state_held(slot, index, values, count);
   }
 
   // The loss scale the tower functions multiply their loss by (1 when loss scaling is off), and the
@@ -196,10 +216,7 @@ class pipeline {
   std::int64_t loss_scale_good_steps() const { return good_steps_; }
   void set_loss_scale(double scale, std::int64_t good_steps = 0) {
     const exclusive_call call(busy_, "set_loss_scale");
-    if (!loss_scaling_on()) detail::fail("set_loss_scale: loss scaling is off (pipeline_options::loss_scale)");
-    if (!(scale > 0) || !std::isfinite(static_cast<float>(scale)) || good_steps < 0)
-      detail::fail("a loss scale must be positive and finite in float, its good-step count >= 0; ", scale, " and ",
-                   good_steps, " given");
+    check_loss_scale(scale, good_steps);
     loss_scale_ = static_cast<float>(scale);
     good_steps_ = good_steps;
   }
@@ -211,25 +228,46 @@ class pipeline {
     steps_done_ = steps;
   }
 
+  // What a checkpoint holds (io/checkpoint.hpp), applied under one exclusive call once every part is
+  // checked, so that a refused restore changes nothing. `values`: every variable's parameters in order,
+  // then each state slot's values likewise. `loss_scale`: the scale and its good-step count, or none
+  // (a file from before loss scaling was saved): the configured initial scale.
+  void restore_state(const value_type* values, std::int64_t steps, std::optional<std::pair<double, std::int64_t>> loss_scale) {
+    const exclusive_call call(busy_, "restore_state");
+    check_step_count(steps);
+    if (loss_scaling_on()) {
+      if (!loss_scale) loss_scale = std::make_pair(options_.loss_scale.initial_scale, std::int64_t(0));
+      check_loss_scale(loss_scale->first, loss_scale->second);
+    }
+    const std::size_t total = variables_->total_size();
+    for (std::size_t v = 0, offset = 0; v < variables_->count(); offset += (*variables_)[v++].size)
+      set_parameter_held(v, values + offset, (*variables_)[v].size);
+    for (std::size_t slot = 0; slot < reducer_->state_slots(); ++slot) {
+      for (std::size_t v = 0, offset = (1 + slot) * total; v < variables_->count(); offset += (*variables_)[v++].size)
+        set_optimizer_state_held(slot, v, values + offset, (*variables_)[v].size);
+    }
+    steps_done_ = steps;
+    if (loss_scaling_on()) {
+      loss_scale_ = static_cast<float>(loss_scale->first);
+      good_steps_ = loss_scale->second;
+    }
+  }
+
   // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
   // At most two batches may wait: the one the next step uses and the one after.
   void stage(const batch& examples) {
     const exclusive_call call(busy_, "stage");
-    const auto start = clock::now();
-    if (towers_->staged() >= 2) detail::fail("two batches are staged already: call step(fn) before staging more");
-    examples.check_against(inputs_);
-    const std::int64_t consuming_step = steps_done_ + static_cast<std::int64_t>(towers_->staged()) + 1;
-    towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
-    staging_seconds_.push_back(seconds_since(start));
-    tracer_.span("check + split + stage", start, clock::now(), consuming_step, "split");
+    stage_held(examples);
   }
 
+  // stage(batch) + step(fn) as one call: refused whole (nothing staged) or run.
   template <class TowerFn>
   step_stats step(const batch& examples, TowerFn&& fn) {
+    const exclusive_call call(busy_, "step");
     const auto start = clock::now();
-    stage(examples);
+    stage_held(examples);
     const double staging = seconds_since(start);
-    step_stats stats = step(fn);
+    step_stats stats = step_held(fn);
     stats.seconds += staging;
     stats.examples_per_second = static_cast<double>(stats.examples) / stats.seconds;
     return stats;
@@ -240,18 +278,49 @@ class pipeline {
   template <class TowerFn>
   step_stats step(TowerFn&& fn) {
     const exclusive_call call(busy_, "step");
+    return step_held(fn);
+  }
+
+  // The most steps a pipeline counts: bias corrections take the step as a double, exact up to 2^53.
+  static constexpr std::int64_t max_steps = std::int64_t(1) << 53;
+  static void check_step_count(std::int64_t steps) {
+    if (steps < 0 || steps > max_steps)
+      detail::fail("a step count must be in [0, 2^53]; ", steps, " given");
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  void stage_held(const batch& examples) {
+    const auto start = clock::now();
+    if (towers_->staged() >= 2) detail::fail("two batches are staged already: call step(fn) before staging more");
+    examples.check_against(inputs_);
+    const std::int64_t consuming_step = steps_done_ + static_cast<std::int64_t>(towers_->staged()) + 1;
+    if (consuming_step > max_steps) fail_past_max_steps();
+    towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
+    staging_seconds_.push_back(seconds_since(start));
+    tracer_.span("check + split + stage", start, clock::now(), consuming_step, "split");
+  }
+
+  template <class TowerFn>
+  step_stats step_held(TowerFn& fn) {
     if (towers_->staged() == 0) detail::fail("step(fn) needs a staged batch: call stage(batch) or step(batch, fn)");
+    if (steps_done_ == max_steps) fail_past_max_steps();
     step_stats stats;
     const auto start = clock::now();
     const std::vector<shard> shards = towers_->next_shards();  // a copy: run() consumes the staged batch
     stats.stages.split = staging_seconds_.front();  // when the batch was staged, maybe during the last step
     staging_seconds_.pop_front();
-    const std::vector<double> exact_weights = tower_weights(shards, stats);
+    std::vector<double> exact_weights;
+    try {
+      exact_weights = tower_weights(shards, stats);
+    } catch (...) {
+      towers_->discard_next();  // refused before the towers ran: the batch goes, as after a failed step
+      throw;
+    }
     std::vector<value_type> weights;
     for (double w : exact_weights) weights.push_back(static_cast<value_type>(w));
-    stats.tower_loss = towers_->run(fn, steps_done_ + 1);
-    for (std::size_t i = 0; i < shards.size(); ++i) stats.loss += exact_weights[i] * stats.tower_loss[i];
-    if constexpr (detail::reducer_spans_processes<reducer_type>::value) stats.loss = reducer_->sum_across_processes(stats.loss);
+    run_towers(fn, exact_weights, stats);
     stats.stages.towers = seconds_since(start);
 
     const auto reduce_start = clock::now();
@@ -275,17 +344,6 @@ class pipeline {
     return stats;
   }
 
- 
-  // The most steps a pipeline counts: bias corrections take the step as a double, exact up to 2^53.
-  static constexpr std::int64_t max_steps = std::int64_t(1) << 53;
-  static void check_step_count(std::int64_t steps) {
-    if (steps < 0 || steps > max_steps)
-      detail::fail("a step count must be in [0, 2^53]; ", steps, " given");
-  }
-
- private:
-  using clock = std::chrono::steady_clock;
-
   static bool checked(const pipeline_options& options) { return detail::takes_checked_steps(options, mixed_precision); }
 
   // Reducers that need the options (reduce::sharded: the process group) take them as a fourth argument.
@@ -299,11 +357,13 @@ class pipeline {
   }
 
   // The towers' weights w_i = examples_i / all examples; with several processes (reduce::sharded) every
-  // process's shards count, and stats.examples becomes their total.
+  // process's shards count, stats.examples becomes their total, and the processes first agree on this
+  // step's settings (reduce/sharded_processes.hpp).
   std::vector<double> tower_weights(const std::vector<shard>& shards, step_stats& stats) {
     std::vector<double> weights;
     if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      weights = reducer_->weights_across_processes(shards, stats.examples);
+      weights = reducer_->processes().agree_before_towers(step_settings(), shards, stats.examples);
+      parameters_set_ = false;
     } else {
       for (const shard& s : shards) {
         weights.push_back(s.weight);
@@ -313,6 +373,53 @@ class pipeline {
     return weights;
   }
 
+
+  // The towers on this step's batch, their losses, and the loss weighted by `weights`. Across processes
+  // every process learns whether every process's towers succeeded: a failure on one is an error on all,
+  // with the same message, before anything is updated (reduce/sharded_processes.hpp).
+  template <class TowerFn>
+  void run_towers(TowerFn& fn, const std::vector<double>& weights, step_stats& stats) {
+    const auto weighted_loss = [&] {
+      double loss = 0;
+      for (std::size_t i = 0; i < weights.size(); ++i) loss += weights[i] * stats.tower_loss[i];
+      return loss;
+    };
+    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
+      std::optional<std::string> failure;
+      try {
+        stats.tower_loss = towers_->run(fn, steps_done_ + 1);
+      } catch (const error& e) {
+        failure = e.message();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      } catch (...) {
+        failure = "a tower threw something that is not a std::exception";
+      }
+      stats.loss = reducer_->processes().agree_after_towers(steps_done_ + 1, failure ? 0.0 : weighted_loss(), failure);
+    } else {
+      stats.tower_loss = towers_->run(fn, steps_done_ + 1);
+      stats.loss = weighted_loss();
+    }
+  }
+
+  // What every process must agree on before a step's towers run, beyond what it compared at
+  // construction: what set_hyper, set_loss_scale, restore_steps_done and the parameters changed since.
+  // Parameters that were set since the last step (initialisation, a checkpoint) go in as a digest, so
+  // that a process that resumed other state, or none, stops every process.
+  std::string step_settings() const {
+    std::string text = detail::make_message("step: ", steps_done_ + 1, "\noptimizer: ", Optim::describe(hyper_parameters_),
+                                            "\nloss scale: ", detail::exact(loss_scale_), ", good steps ", good_steps_,
+                                            "\nmicro-batch: ", micro_batch_ + 1, "\nparameters: ");
+    if (!parameters_set_) return text + "unchanged";
+    std::uint64_t digest = fnv1a_basis;
+    for (std::size_t v = 0; v < variables_->count(); ++v) {
+      const tensor_view<const value_type> values = parameter(v);
+      digest = fnv1a(values.data(), values.size() * sizeof(value_type), digest);
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+    return text + "set since the last step, digest " + hex;
+  }
 
   // A checked step (reduce/screen.hpp): average and screen; skip or throw on a non-finite average;
   // clip; apply.
@@ -392,11 +499,29 @@ class pipeline {
     good_steps_ = 0;
   }
 
+  [[noreturn]] static void fail_past_max_steps() {
+    detail::fail("the pipeline has done 2^53 steps, the most it counts (bias corrections take the step as a double)");
+  }
+
+  // A scale every step can use: a positive normal float (0 or a subnormal would skip every step after it,
+  // or lose the gradients' bits); a good-step count the next finite step can raise without overflow.
+  static bool usable_loss_scale(double scale) {
+    const float rounded = static_cast<float>(scale);
+    return rounded > 0 && std::isnormal(rounded);
+  }
+  void check_loss_scale(double scale, std::int64_t good_steps) const {
+    if (!loss_scaling_on()) detail::fail("a loss scale was given, but loss scaling is off (pipeline_options::loss_scale)");
+    const bool dynamic = options_.loss_scale.mode == loss_scale_mode::dynamic;
+    if (!usable_loss_scale(scale) || good_steps < 0 || (dynamic && good_steps >= options_.loss_scale.growth_interval))
+      detail::fail("a loss scale must be a positive normal float and its good-step count in [0, growth_interval = ",
+                   options_.loss_scale.growth_interval, "); ", scale, " and ", good_steps, " given");
+  }
+
   static void check_loss_scaling(const pipeline_options& options) {
     const loss_scaling& rules = options.loss_scale;
     if (rules.mode == loss_scale_mode::off) return;
-    if (!(rules.initial_scale > 0) || !std::isfinite(static_cast<float>(rules.initial_scale)))
-      detail::fail("loss_scaling::initial_scale must be positive and finite in float; ", rules.initial_scale, " given");
+    if (!usable_loss_scale(rules.initial_scale))
+      detail::fail("loss_scaling::initial_scale must be a positive normal float; ", rules.initial_scale, " given");
     if (rules.mode == loss_scale_mode::fixed) return;
     if (!(rules.growth_factor > 1)) detail::fail("loss_scaling::growth_factor must be > 1; ", rules.growth_factor, " given");
     if (!(rules.backoff_factor > 0 && rules.backoff_factor < 1))
@@ -478,6 +603,7 @@ class pipeline {
   std::unique_ptr<reducer_type> reducer_;
   std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;
+  bool parameters_set_ = false;  // since the last step: the processes compare a digest (step_settings)
   std::atomic<bool> busy_{false};
   float loss_scale_ = 1.0f;      // pipeline_options::loss_scale; a float, as GradScaler's
   std::int64_t good_steps_ = 0;  // finite steps in a row since the scale last changed (dynamic)

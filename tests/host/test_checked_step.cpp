@@ -316,9 +316,12 @@ TEST_CASE("fixed loss scaling never changes the scale, and bad loss-scaling opti
   CHECK(p.loss_scale() == 128.0);
 
   pipeline_options bad = scaled(loss_scale_mode::dynamic, 0.0);
-  CHECK_THROWS_WITH((trainer<layout::flat<float>>(variables, inputs, 2, {}, bad)), Catch::Contains("initial_scale must be positive"));
-  bad = scaled(loss_scale_mode::dynamic, 1e39);
-  CHECK_THROWS_WITH((trainer<layout::flat<float>>(variables, inputs, 2, {}, bad)), Catch::Contains("finite in float"));
+  CHECK_THROWS_WITH((trainer<layout::flat<float>>(variables, inputs, 2, {}, bad)), Catch::Contains("initial_scale must be a positive normal float"));
+  for (double initial : {1e39, 1e-40, 1e-45, 1e-50}) {  // infinite, subnormal or 0 in float
+    bad = scaled(loss_scale_mode::dynamic, initial);
+    CHECK_THROWS_WITH((trainer<layout::flat<float>>(variables, inputs, 2, {}, bad)),
+                      Catch::Contains("initial_scale must be a positive normal float"));
+  }
   bad = scaled(loss_scale_mode::dynamic, 8.0, 0);
   CHECK_THROWS_WITH((trainer<layout::flat<float>>(variables, inputs, 2, {}, bad)), Catch::Contains("growth_interval must be >= 1"));
   bad = scaled(loss_scale_mode::dynamic, 8.0);
@@ -327,7 +330,20 @@ TEST_CASE("fixed loss scaling never changes the scale, and bad loss-scaling opti
   bad = scaled(loss_scale_mode::dynamic, 8.0);
   bad.on_nonfinite = nonfinite_policy::throw_error;
   CHECK_THROWS_WITH((trainer<layout::flat<float>>(variables, inputs, 2, {}, bad)), Catch::Contains("needs on_nonfinite = skip"));
-  CHECK_THROWS_WITH(p.set_loss_scale(-1.0), Catch::Contains("a loss scale must be positive"));
+  for (double scale : {-1.0, 0.0, 1e-40, 1e-45, 1e-50, 1e39}) {
+    INFO("scale " << scale);
+    CHECK_THROWS_WITH(p.set_loss_scale(scale), Catch::Contains("a loss scale must be a positive normal float"));
+  }
+  CHECK(p.loss_scale() == 128.0);
+  // A dynamic scale's good-step count stays below its growth interval, so that a good step can raise it.
+  trainer<layout::flat<float>> dynamic(variables, inputs, 2, {}, scaled(loss_scale_mode::dynamic, 8.0, 4));
+  CHECK_NOTHROW(dynamic.set_loss_scale(16.0, 3));
+  for (std::int64_t good : {std::int64_t(4), std::numeric_limits<std::int64_t>::max(), std::int64_t(-1)}) {
+    INFO("good steps " << good);
+    CHECK_THROWS_WITH(dynamic.set_loss_scale(32.0, good), Catch::Contains("good-step count in [0, growth_interval = 4)"));
+  }
+  CHECK(dynamic.loss_scale() == 16.0);
+  CHECK(dynamic.loss_scale_good_steps() == 3);
 }
 
 namespace {

@@ -210,5 +210,57 @@ TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files wit
   trainer<layout::flat<float>> old(variables, inputs, 2, optim::adam::hyper_parameters{});
   load_checkpoint(old, path);
   require_same_state(old, source);
+  // Into a pipeline that scales: the file holds no scale, so the configured initial one (not 1).
+  trainer<layout::flat<float>> old_scaled(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
+  old_scaled.set_loss_scale(4096.0, 1);
+  load_checkpoint(old_scaled, path);
+  CHECK(old_scaled.loss_scale() == 256.0);
+  CHECK(old_scaled.loss_scale_good_steps() == 0);
+  require_same_state(old_scaled, source);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a checkpoint whose loss scale no step could use is refused whole", "[checkpoint][loss_scale][errors]") {
+  const std::string path = temporary_path("bad_scale.ckpt");
+  pipeline_options options;
+  options.loss_scale.mode = loss_scale_mode::dynamic;
+  options.loss_scale.initial_scale = 256.0;
+  options.loss_scale.growth_interval = 2;
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
+  train_steps(source, 0, 3);
+  save_checkpoint(source, path);
+  const std::string good = read_file(path);
+  // The file with its loss_scale line replaced, header size and checksum to match.
+  const auto with_loss_scale = [&](const std::string& line) {
+    std::string bytes = good.substr(0, good.size() - sizeof(std::uint64_t));
+    const std::string old_line = "loss_scale 512 1\n";
+    const std::size_t at = bytes.find(old_line);
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, old_line.size(), "loss_scale " + line + "\n");
+    std::uint64_t header_size;
+    std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
+    header_size = header_size + line.size() + 12 - old_line.size();
+    std::memcpy(&bytes[12], &header_size, sizeof header_size);
+    const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
+    return bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
+  };
+  trainer<layout::flat<float>> target(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
+  train_steps(target, 0, 1);
+  std::vector<std::vector<float>> before;
+  for (std::size_t v = 0; v < variables.count(); ++v) before.emplace_back(target.parameter(v).begin(), target.parameter(v).end());
+  // 0 and subnormal scales in float would skip every later step; a good-step count at or past the
+  // growth interval (here 2), up to INT64_MAX, would overflow or never grow.
+  for (const std::string line : {"1e-50 0", "1e-45 0", "1e-40 0", "0 0", "512 2", "512 9223372036854775807", "512 -1"}) {
+    INFO("loss_scale " << line);
+    write_file(path, with_loss_scale(line));
+    CHECK_THROWS_WITH(load_checkpoint(target, path), Catch::Contains("a loss scale must be a positive normal float"));
+    CHECK(target.steps_done() == 1);
+    CHECK(target.loss_scale() == 256.0);
+    for (std::size_t v = 0; v < variables.count(); ++v) CHECK(first_bitwise_difference(target.parameter(v), before[v]) == -1);
+  }
+  write_file(path, with_loss_scale("1e-30 1"));  // small but normal: taken
+  load_checkpoint(target, path);
+  CHECK(target.loss_scale() == static_cast<double>(1e-30f));
+  CHECK(target.loss_scale_good_steps() == 1);
   std::remove(path.c_str());
 }

@@ -183,6 +183,10 @@ TEST_CASE("bad hyper-parameters are rejected as torch rejects them", "[optim][er
   CHECK_THROWS_WITH(sgd_with([](auto& h) { h.lr = -0.1; }), Catch::Contains("sgd: invalid learning rate -0.1"));
   CHECK_THROWS_WITH(sgd_with([](auto& h) { h.lr = std::nan(""); }), Catch::Contains("invalid learning rate nan"));
   CHECK_THROWS_WITH(sgd_with([](auto& h) { h.lr = INFINITY; }), Catch::Contains("invalid learning rate inf"));
+  // Finite in double, infinite in float: parameters would become -inf after one step.
+  CHECK_THROWS_WITH(sgd_with([](auto& h) { h.lr = 1e39; }), Catch::Contains("invalid learning rate 1e+39 (must be >= 0 and finite in float)"));
+  CHECK_THROWS_WITH(sgd_with([](auto& h) { h.weight_decay = 1e39; }), Catch::Contains("invalid weight_decay 1e+39"));
+  CHECK_NOTHROW(sgd_with([](auto& h) { h.lr = 3e38; }));
   CHECK_THROWS_WITH(sgd_with([](auto& h) { h.momentum = -1; }), Catch::Contains("invalid momentum"));
   CHECK_THROWS_WITH(sgd_with([](auto& h) { h.weight_decay = -1; }), Catch::Contains("invalid weight_decay"));
   CHECK_THROWS_WITH(sgd_with([](auto& h) { h.nesterov = true; }), Catch::Contains("nesterov momentum requires"));

@@ -8,7 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
+#include <string>
 #include <thread>
 
 using namespace towerpipe;
@@ -106,7 +109,7 @@ TEST_CASE("a step from a second thread while one runs is an error, and the runni
     return 0.0;
   });
   second.join();
-  CHECK_THAT(second_error, Catch::Contains("pipeline::stage called while another call on this pipeline runs"));
+  CHECK_THAT(second_error, Catch::Contains("pipeline::step called while another call on this pipeline runs"));
   CHECK(first.step == 1);
   CHECK(p.steps_done() == 1);
 }
@@ -129,4 +132,81 @@ TEST_CASE("a tower function that calls step or set_parameter fails its step, nam
     return 0.0;
   });
   CHECK(next.step == 1);
+}
+
+TEST_CASE("step(batch, fn) from two threads at once runs whole or is refused whole: no batch stays staged",
+          "[robustness][pipeline][concurrent]") {
+  // Before, stage and step were two calls: a second thread between them left the first thread's batch
+  // staged after its step was refused, and a later step trained on that batch's freed memory.
+  trainer p({{"w", {2}}}, inputs, 2, {});
+  std::atomic<int> done{0};
+  const auto hammer = [&] {
+    for (int i = 0; i < 300; ++i) {
+      const std::vector<float> x(4, 1.0f);  // freed when this iteration ends
+      try {
+        p.step(ones(x), [](trainer::tower_context& tower) {
+          tower.zeroed_gradient(0);
+          return 0.0;
+        });
+        ++done;
+      } catch (const error& e) {
+        CHECK_THAT(std::string(e.what()), Catch::Contains("called while another call on this pipeline runs"));
+      }
+    }
+  };
+  std::thread first(hammer), second(hammer);
+  first.join();
+  second.join();
+  CHECK(p.execution_space().staged() == 0);
+  CHECK(p.steps_done() == done.load());
+}
+
+TEST_CASE("a pipeline at 2^53 steps refuses to stage or step, and keeps its count", "[robustness][pipeline]") {
+  trainer p({{"w", {2}}}, inputs, 2, {});
+  const std::vector<float> x(4, 1.0f);
+  const auto fn = [](trainer::tower_context& tower) {
+    tower.zeroed_gradient(0);
+    return 0.0;
+  };
+  p.restore_steps_done(trainer::max_steps - 1);
+  p.stage(ones(x));  // the last step a pipeline counts
+  CHECK_THROWS_WITH(p.stage(ones(x)), Catch::Contains("the pipeline has done 2^53 steps"));
+  CHECK(p.step(fn).step == trainer::max_steps);
+  CHECK_THROWS_WITH(p.step(ones(x), fn), Catch::Contains("the pipeline has done 2^53 steps"));
+  CHECK(p.steps_done() == trainer::max_steps);
+  CHECK(p.execution_space().staged() == 0);
+}
+
+namespace {
+
+// A process group of one process: enough to hand a pipeline pipeline_options::processes.
+class one_process final : public process_group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string describe() const override { return "one process"; }
+  std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char*) override {
+    return {std::string(static_cast<const char*>(data), bytes)};
+  }
+  void all_to_all(const char* send, const std::vector<std::size_t>& send_offsets, const std::vector<std::size_t>& send_bytes,
+                  char* recv, const std::vector<std::size_t>& recv_offsets, const std::vector<std::size_t>&, const char*) override {
+    std::copy_n(send + send_offsets[0], send_bytes[0], recv + recv_offsets[0]);
+  }
+  void all_gather_blocks(const char* mine, char* out, const std::vector<std::size_t>& block_offsets,
+                         const std::vector<std::size_t>& block_bytes, const char*) override {
+    std::copy_n(mine, block_bytes[0], out + block_offsets[0]);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("pipeline_options::processes with a backend that does not span processes is refused at construction",
+          "[robustness][pipeline]") {
+  // Before, reduce::host ignored the group: under mpirun every rank trained alone and exited 0.
+  pipeline_options options;
+  options.processes = std::make_shared<one_process>();
+  CHECK_THROWS_WITH(trainer({{"w", {2}}}, inputs, 2, {}, options),
+                    Catch::Contains("pipeline_options::processes is set, but reduce::host does not span processes") &&
+                        Catch::Contains("use reduce::sharded"));
+  CHECK_NOTHROW(pipeline<exec::host, reduce::sharded, optim::sgd, layout::flat<float>>({{"w", {2}}}, inputs, 2, {}, options));
 }

@@ -8,6 +8,10 @@
 //                process, and one written by one process continues in R, bitwise.
 //   mismatch     the last process declares a variable of another shape: every process fails at
 //                construction with the same message naming that rank, the variable and both shapes.
+//   disagree     processes that stop agreeing fail together, with one message: clipping set on one
+//                process only (at construction), a schedule (set_hyper) on one process only, a tower that
+//                throws on rank 0 (nothing updated anywhere, the next step runs on all), the last process
+//                resumed from an older checkpoint, or afresh with the same step count.
 //   stalled      the last process never joins (it sleeps 40 s, as if stuck elsewhere): the others fail
 //                with the deadline's error within seconds (3 s here) instead of hanging. (A process that
 //                leaves through MPI_Finalize meets the same deadline, but Debian's OpenMPI 4.1.4 mpirun
@@ -31,6 +35,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -335,6 +340,87 @@ void mismatch(const std::shared_ptr<process_group>& group) {
   }
 }
 
+// Expects `f` to throw a towerpipe::error containing every one of `parts` on this process.
+template <class F>
+void expect_error(F&& f, const std::vector<std::string>& parts, const std::string& what) {
+  try {
+    f();
+    check(false, what + ": no error");
+  } catch (const towerpipe::error& e) {
+    for (const std::string& part : parts)
+      check(std::string(e.what()).find(part) != std::string::npos, what + ": unexpected message: " + e.what());
+    std::printf("rank %d: %s: refused as expected: %s\n", rank, what.c_str(), e.what());
+  }
+}
+
+// Processes that stop agreeing, and one whose towers fail: every process fails the same step with the
+// same message, nothing changes anywhere, and the next step runs on all of them.
+void disagree(const std::shared_ptr<process_group>& group) {
+  using sharded_type = pipeline<sharded_exec, reduce::sharded, optim::adam, layout::flat<float>>;
+  const bool odd_one = rank == processes - 1;
+  pipeline_options options;
+  options.max_grad_norm = 0.05;
+  options.processes = group;
+  // A setting outside the variables: clipping on one process only.
+  pipeline_options clipped_differently = options;
+  if (odd_one) clipped_differently.max_grad_norm = 0.5;
+  expect_error([&] { sharded_type(model_variables(), model_inputs(), 1, {}, clipped_differently); },
+               {"differ before the first step: rank " + std::to_string(processes - 1) + " has 'max_grad_norm: 0.5"},
+               "max_grad_norm on one process");
+
+  sharded_type p(model_variables(), model_inputs(), 1, {}, options);
+  initialize(p);
+  const std::size_t examples = 4 * static_cast<std::size_t>(processes);
+  const auto step = [&](int number, bool fail_here = false) {
+    return p.step(global_batch(number, examples).slice(4 * static_cast<std::size_t>(rank), 4), [&](auto& tower) {
+      if (fail_here) throw std::runtime_error("this tower's data loader broke");
+      return linear_tower(tower);
+    });
+  };
+  step(1);
+  // A schedule applied on one process only.
+  optim::adam::hyper_parameters h;
+  h.lr = odd_one ? 0.002 : 0.001;
+  p.set_hyper(h);
+  expect_error([&] { step(2); }, {"the processes differ at this step", "rank " + std::to_string(processes - 1) + " has 'optimizer: lr=0.002"}, "set_hyper on one process");
+  check(p.steps_done() == 1, "the refused step changed the step count");
+  p.set_hyper(optim::adam::hyper_parameters{});
+  step(2);
+  // One process's tower throws: every process fails that step alike, and carries on together.
+  std::vector<std::vector<float>> before;
+  for (std::size_t v = 0; v < p.variables().count(); ++v) before.emplace_back(p.parameter(v).begin(), p.parameter(v).end());
+  expect_error([&] { step(3, rank == 0); },
+               {"step 3 failed on", "rank 0: tower 0", "this tower's data loader broke", "nothing was updated on any process"},
+               "a tower that throws on rank 0");
+  check(p.steps_done() == 2, "the failed step changed the step count");
+  for (std::size_t v = 0; v < p.variables().count(); ++v)
+    check(std::memcmp(before[v].data(), p.parameter(v).data(), before[v].size() * sizeof(float)) == 0, "the failed step changed a parameter");
+  step(3);
+  // Resuming: the last process loads an older checkpoint than the others.
+  const std::string older = "disagree_older_" + std::to_string(rank) + ".ckpt", newer = "disagree_newer_" + std::to_string(rank) + ".ckpt";
+  save_checkpoint(p, older);
+  step(4);
+  save_checkpoint(p, newer);
+  sharded_type resumed(model_variables(), model_inputs(), 1, {}, options);
+  load_checkpoint(resumed, odd_one ? older : newer);
+  expect_error([&] { resumed.step(global_batch(5, examples).slice(4 * static_cast<std::size_t>(rank), 4), [](auto& tower) { return linear_tower(tower); }); },
+               {"the processes differ at this step", "rank " + std::to_string(processes - 1) + " has 'step: 4'"},
+               "a process resumed from an older checkpoint");
+  // The same step count but other parameters: a process that started afresh after its load failed.
+  sharded_type fresh(model_variables(), model_inputs(), 1, {}, options);
+  if (odd_one) {
+    initialize(fresh);
+    fresh.restore_steps_done(4);
+  } else {
+    load_checkpoint(fresh, newer);
+  }
+  expect_error([&] { fresh.step(global_batch(5, examples).slice(4 * static_cast<std::size_t>(rank), 4), [](auto& tower) { return linear_tower(tower); }); },
+               {"the processes differ at this step", "parameters: set since the last step, digest"},
+               "a process that started afresh");
+  std::remove(older.c_str());
+  std::remove(newer.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -376,6 +462,8 @@ int main(int argc, char** argv) {
 #endif
     } else if (mode == "mismatch") {
       mismatch(group);
+    } else if (mode == "disagree") {
+      disagree(group);
     } else if (mode == "stalled") {
       pipeline_options options;
       options.on_nonfinite = nonfinite_policy::unchecked;

@@ -147,6 +147,17 @@ class cuda_towers {
   }
   std::size_t staged() const { return staged_.size(); }
   const std::vector<shard>& next_shards() const { return staged_.front().shards; }
+  // Drops the oldest staged batch without running it (a step refused before its towers ran): its slot
+  // may be refilled once its copies have landed, as after a run.
+  void discard_next() {
+    const int slot = staged_.front().slot;
+    staged_.pop_front();
+    for (auto& own : towers_) {
+      device_guard on(own->device);
+      own->input.wait_for_copy(slot, own->stream);
+      own->input.release(slot, own->stream);
+    }
+  }
 
   // Runs fn(context&) for every tower, each on a pool thread with its device current, on the oldest
   // staged batch (consumed whatever the outcome). A function returning a number gives the loss; one

@@ -127,6 +127,8 @@ class host_towers {
   }
   std::size_t staged() const { return staged_.size(); }
   const std::vector<shard>& next_shards() const { return staged_.front().shard_weights; }
+  // Drops the oldest staged batch without running it (a step refused before its towers ran).
+  void discard_next() { staged_.pop_front(); }
 
   // Runs fn(context&) for every tower on the oldest staged batch (which it consumes, whatever the
   // outcome) and returns each tower's loss. After all towers have ended, throws if any threw or left a

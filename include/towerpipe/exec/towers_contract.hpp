@@ -9,6 +9,7 @@
 //   void stage(const batch&, const std::vector<shard>&)   keeps (exec::host) or copies (exec::cuda) the shards
 //   std::size_t staged() const                  batches staged and not yet run
 //   const std::vector<shard>& next_shards() const         the shards the next run() uses
+//   void discard_next()                                    drops the oldest staged batch unrun
 //   std::vector<double> run(TowerFn&, std::int64_t step)  runs every tower on the oldest staged batch,
 //                                               consumes it, returns the losses; throws a towerpipe::error
 //                                               naming the tower when one failed (gradient contract,
@@ -49,6 +50,7 @@ TOWERPIPE_DETECT_MEMBER(towers_has_stage, std::declval<T&>().stage(std::declval<
                                                                    std::declval<const std::vector<shard>&>()));
 TOWERPIPE_DETECT_MEMBER(towers_has_staged, std::declval<const T&>().staged());
 TOWERPIPE_DETECT_MEMBER(towers_has_next_shards, std::declval<const T&>().next_shards());
+TOWERPIPE_DETECT_MEMBER(towers_has_discard_next, std::declval<T&>().discard_next());
 TOWERPIPE_DETECT_MEMBER(towers_has_run,
                         std::declval<T&>().run(std::declval<probe_tower_fn<typename T::context>&>(), std::int64_t{}));
 TOWERPIPE_DETECT_MEMBER(towers_has_parameter_on_host, std::declval<T&>().parameter_on_host(std::size_t{}));
@@ -67,6 +69,7 @@ constexpr bool check_towers_contract() {
   static_assert(towers_has_next_shards<Towers>::value,
                 "towerpipe: the execution space's towers lack 'next_shards() const'");
   static_assert(towers_has_run<Towers>::value, "towerpipe: the execution space's towers lack 'run(fn, step)'");
+  static_assert(towers_has_discard_next<Towers>::value, "towerpipe: the execution space's towers lack 'discard_next()'");
   static_assert(towers_has_parameter_on_host<Towers>::value,
                 "towerpipe: the execution space's towers lack 'parameter_on_host(variable)'");
   static_assert(towers_has_set_parameter<Towers>::value,

@@ -26,7 +26,9 @@
 #include <cstring>
 #include <iomanip>
 #include <sstream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "towerpipe/core/checksum.hpp"
@@ -218,14 +220,15 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
   const auto slots = static_cast<std::size_t>(number("state_slots"));
   const long long steps = number("steps");
   if (steps < 0 || steps > Pipeline::max_steps) reject("step count ", steps, " is outside [0, 2^53]");
-  double loss_scale = 1;
-  long long good_steps = 0;
+  std::optional<std::pair<double, std::int64_t>> loss_scale;  // none in version 1: the configured initial scale
   if (version >= 2) {
     const std::string text = field("loss_scale");
     std::istringstream values(text);
-    if (!(values >> loss_scale >> good_steps) || !(values >> std::ws).eof() || !(loss_scale > 0) ||
-        !std::isfinite(static_cast<float>(loss_scale)) || good_steps < 0)
-      reject("unreadable header: 'loss_scale' is '", text, "' (a positive float scale and a count >= 0)");
+    double scale = 0;
+    long long good_steps = 0;
+    if (!(values >> scale >> good_steps) || !(values >> std::ws).eof())
+      reject("unreadable header: 'loss_scale' is '", text, "' (a scale and a good-step count)");
+    loss_scale = std::make_pair(scale, static_cast<std::int64_t>(good_steps));
   }
   field("written_by");
   const long long count = number("variables");
@@ -264,21 +267,15 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
       fnv1a(bytes.data(), expected - sizeof(std::uint64_t)))
     reject("corrupted: checksum mismatch");
 
-  // Everything checked: now change the pipeline.
-  const char* cursor = bytes.data() + preamble + header_size;
-  std::vector<T> values;
-  const auto next = [&](std::size_t size) {
-    values.resize(size);
-    std::memcpy(values.data(), cursor, size * sizeof(T));
-    cursor += size * sizeof(T);
-    return values.data();
-  };
-  for (std::size_t v = 0; v < mine.count(); ++v) pipeline.set_parameter(v, next(mine[v].size), mine[v].size);
-  for (std::size_t slot = 0; slot < slots; ++slot) {
-    for (std::size_t v = 0; v < mine.count(); ++v) pipeline.set_optimizer_state(slot, v, next(mine[v].size), mine[v].size);
+  // The file is whole: the pipeline checks the step count and the loss scale against its own rules, then
+  // applies everything at once or, refusing, changes nothing.
+  std::vector<T> values((1 + slots) * mine.total_size());
+  std::memcpy(values.data(), bytes.data() + preamble + header_size, payload);
+  try {
+    pipeline.restore_state(values.data(), steps, loss_scale);
+  } catch (const error& e) {
+    reject(e.message());
   }
-  pipeline.restore_steps_done(steps);
-  if (pipeline.loss_scaling_on()) pipeline.set_loss_scale(loss_scale, good_steps);
 }
 
 }  // namespace detail

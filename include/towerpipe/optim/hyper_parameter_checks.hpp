@@ -15,9 +15,10 @@ namespace towerpipe {
 namespace optim {
 namespace detail {
 
+// Finite in float too: float pipelines compute with the value rounded to float, where 1e39 is infinite.
 inline void require_non_negative(const char* optimizer, const char* name, double value) {
-  if (!(value >= 0.0 && std::isfinite(value)))
-    towerpipe::detail::fail(optimizer, ": invalid ", name, " ", value, " (must be finite and >= 0)");
+  if (!(value >= 0.0 && std::isfinite(static_cast<float>(value))))
+    towerpipe::detail::fail(optimizer, ": invalid ", name, " ", value, " (must be >= 0 and finite in float)");
 }
 
 inline void require_beta(const char* optimizer, const char* name, double value) {

@@ -20,10 +20,10 @@
 //   reducer(variables, hyper_parameters, towers&, const pipeline_options&)   a constructor that reads the options
 //   void parameter_set(variable, const T* values)       told after the towers' parameters were set, for
 //                                                       reducers that keep a master copy of their own
-//   std::vector<double> weights_across_processes(shards, std::size_t& examples)  and
-//   double sum_across_processes(double)                 for reducers whose towers span processes
-//                                                       (reduce::sharded): every tower's weight and the
-//                                                       step's loss count every process's examples
+//   const sharded_processes& processes() const          for reducers whose towers span processes
+//                                                       (reduce::sharded): the pipeline agrees with the
+//                                                       other processes through it every step
+//                                                       (reduce/sharded_processes.hpp)
 //   std::vector<std::size_t> state_bytes_per_tower(towers) const   for reducers that spread the optimizer
 //                                                       state over the towers' devices (reduce::sharded)
 
@@ -69,9 +69,7 @@ TOWERPIPE_DETECT_MEMBER(reducer_has_state_on_host, std::declval<T&>().state_on_h
 TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std::size_t{}, std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_spreads_state, std::declval<const T&>().state_bytes_per_tower(std::size_t{}));
-TOWERPIPE_DETECT_MEMBER(reducer_spans_processes,
-                        std::declval<T&>().weights_across_processes(std::declval<const std::vector<shard>&>(),
-                                                                    std::declval<std::size_t&>()));
+TOWERPIPE_DETECT_MEMBER(reducer_spans_processes, std::declval<const T&>().processes());
 
 template <class Reducer, class Towers, class Optim, class T>
 constexpr bool check_reducer_contract() {

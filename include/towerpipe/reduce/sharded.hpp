@@ -165,10 +165,8 @@ class sharded_host_reducer {
     }
   }
 
-  std::vector<double> weights_across_processes(const std::vector<shard>& shards, std::size_t& examples) {
-    return span_.weights_across_processes(shards, examples);
-  }
-  double sum_across_processes(double value) { return span_.sum_across_processes(value); }
+  // The processes the pipeline's towers span, for its agreements every step.
+  const sharded_processes& processes() const { return span_; }
 
   // Mixed precision: every process keeps the whole master copy (the gather brings it every step), whose
   // rounded copy the towers see; the pipeline reads it here and sets it through parameter_set.

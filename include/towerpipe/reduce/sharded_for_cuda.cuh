@@ -328,10 +328,8 @@ class sharded_gpu_reducer {
     else within_ = std::make_unique<sharded_device_reducer<Optim, Layout>>(variables, h, towers, options);
   }
 
-  std::vector<double> weights_across_processes(const std::vector<shard>& shards, std::size_t& examples) {
-    return span_.weights_across_processes(shards, examples);
-  }
-  double sum_across_processes(double value) { return span_.sum_across_processes(value); }
+  // The processes the pipeline's towers span, for its agreements every step.
+  const sharded_processes& processes() const { return span_; }
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
                          stage_seconds& stages) {

@@ -1,13 +1,21 @@
 #pragma once
 // The processes of a reduce::sharded pipeline as its reducers see them (reduce/sharded.hpp for host
 // towers, reduce/sharded_across_processes.cuh for GPU towers): the group (pipeline_options::processes,
-// or this process alone), the configuration check before the first step, the towers' weights and the
-// loss over every process's examples, and the checked step's screen shared by every owner.
+// or this process alone), the configuration check before the first step, the checked step's screen
+// shared by every owner, and the pipeline's two agreements every step:
+//   before the towers run   every process's settings as of this step (step number, hyper-parameters,
+//                           loss scale, parameters set since the last step) must be the same; the
+//                           towers' weights over every process's examples;
+//   after the towers ran    every process's verdict on its towers: one process's failure is every
+//                           process's error, before anything is updated, so the processes' collectives
+//                           never fall out of step; else the loss over every process's examples.
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +51,36 @@ class single_process final : public process_group {
   }
 };
 
+// A double with the 17 significant digits that name it.
+inline std::string exact(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+// The first difference between every process's text and rank 0's, a line at a time: "rank r has 'x'
+// where rank 0 has 'y'", or nothing when all are equal.
+inline std::string first_difference(const std::vector<std::string>& texts) {
+  const auto lines_of = [](const std::string& s) {
+    std::vector<std::string> result;
+    for (std::size_t at = 0; at < s.size();) {
+      const std::size_t end = std::min(s.find('\n', at), s.size());  // the last line may lack its '\n'
+      result.push_back(s.substr(at, end - at));
+      at = end + 1;
+    }
+    return result;
+  };
+  for (std::size_t r = 1; r < texts.size(); ++r) {
+    if (texts[r] == texts[0]) continue;
+    const std::vector<std::string> first = lines_of(texts[0]), other = lines_of(texts[r]);
+    std::size_t i = 0;
+    while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
+    return make_message("rank ", r, " has '", i < other.size() ? other[i] : "(nothing)", "' where rank 0 has '",
+                        i < first.size() ? first[i] : "(nothing)", "'");
+  }
+  return {};
+}
+
 // What every process compares before the first step, a line each ("key: value").
 template <class Optim, class Layout>
 std::vector<std::string> sharded_fingerprint(const char* execution, const variable_set& variables,
@@ -55,6 +93,12 @@ std::vector<std::string> sharded_fingerprint(const char* execution, const variab
       make_message("optimizer: ", Optim::name, " ", Optim::describe(h)),
       make_message("towers per process: ", towers),
       make_message("split: ", options.split == split_policy::weighted ? "weighted" : "drop_remainder"),
+      make_message("on_nonfinite: ", static_cast<int>(options.on_nonfinite), " (0 skip, 1 throw_error, 2 unchecked)"),
+      make_message("max_grad_norm: ", exact(options.max_grad_norm)),
+      make_message("loss scaling: mode ", static_cast<int>(options.loss_scale.mode), " (0 off, 1 fixed, 2 dynamic), initial ",
+                   exact(options.loss_scale.initial_scale), ", growth ", exact(options.loss_scale.growth_factor), ", backoff ",
+                   exact(options.loss_scale.backoff_factor), ", interval ", options.loss_scale.growth_interval),
+      make_message("accumulation_steps: ", options.accumulation_steps),
       make_message("variables: ", variables.count())};
   for (std::size_t v = 0; v < variables.count(); ++v)
     lines.push_back(make_message("variable ", v, ": '", variables[v].name, "' ", to_string(variables[v].shape)));
@@ -84,18 +128,34 @@ class sharded_processes {
   std::size_t towers() const { return local_towers_ * static_cast<std::size_t>(size_); }  // over every process
   std::size_t global_tower(std::size_t local) const { return static_cast<std::size_t>(rank_) * local_towers_ + local; }
 
-  // The processes' shard sizes, rank-major: every tower's weight examples_i / all examples (as
-  // plan_split computes it in one process); returns this process's towers' weights and sets `examples`
-  // to the count over every process.
-  std::vector<double> weights_across_processes(const std::vector<shard>& shards, std::size_t& examples) const {
-    std::vector<std::uint64_t> mine;
-    for (const shard& s : shards) mine.push_back(s.examples);
-    std::vector<std::uint64_t> counts;
-    for (const std::string& bytes : group_->all_gather(mine.data(), mine.size() * sizeof(std::uint64_t), "gathering shard sizes")) {
-      const std::size_t before = counts.size();
-      counts.resize(before + bytes.size() / sizeof(std::uint64_t));
-      std::memcpy(counts.data() + before, bytes.data(), bytes.size());
+  // The first collective of a step, before the towers run. `settings`: this process's settings as of
+  // this step, a line each; a difference fails on every process with the same message. Then the
+  // processes' shard sizes, rank-major: every tower's weight examples_i / all examples (as plan_split
+  // computes it in one process); returns this process's towers' weights and sets `examples` to the
+  // count over every process.
+  std::vector<double> agree_before_towers(const std::string& settings, const std::vector<shard>& shards, std::size_t& examples) const {
+    std::string mine(sizeof(std::uint64_t), '\0');
+    const std::uint64_t settings_bytes = settings.size();
+    std::memcpy(mine.data(), &settings_bytes, sizeof settings_bytes);
+    mine += settings;
+    for (const shard& s : shards) {
+      const std::uint64_t count = s.examples;
+      mine.append(reinterpret_cast<const char*>(&count), sizeof count);
     }
+    std::vector<std::string> all_settings;
+    std::vector<std::uint64_t> counts;
+    for (const std::string& bytes : group_->all_gather(mine.data(), mine.size(), "agreeing on the step's settings and shard sizes")) {
+      std::uint64_t length = 0;
+      std::memcpy(&length, bytes.data(), sizeof length);
+      all_settings.push_back(bytes.substr(sizeof length, length));
+      const std::size_t before = counts.size(), count_bytes = bytes.size() - sizeof length - length;
+      counts.resize(before + count_bytes / sizeof(std::uint64_t));
+      std::memcpy(counts.data() + before, bytes.data() + sizeof length + length, count_bytes);
+    }
+    const std::string difference = first_difference(all_settings);
+    if (!difference.empty())
+      fail("reduce::sharded over ", group_->describe(), ": the processes differ at this step, which therefore runs on none: ",
+           difference);
     std::uint64_t used = 0;
     for (std::uint64_t c : counts) used += c;
     examples = static_cast<std::size_t>(used);
@@ -105,14 +165,28 @@ class sharded_processes {
     return local;
   }
 
-  // The sum over processes, in rank order (the same bits on every process).
-  double sum_across_processes(double value) const {
+  // The second collective of a step, after the towers ran: `failure` is what failed on this process,
+  // nothing where its towers succeeded. Any failure is every process's error, the same message
+  // everywhere; else returns the sum of the processes' losses in rank order (the same bits on every
+  // process).
+  double agree_after_towers(std::int64_t step, double loss, const std::optional<std::string>& failure) const {
+    std::string mine(1 + sizeof loss, failure ? 'F' : 'S');  // failed or succeeded, the loss, what failed
+    std::memcpy(mine.data() + 1, &loss, sizeof loss);
+    if (failure) mine += *failure;
     double total = 0;
-    for (const std::string& bytes : group_->all_gather(&value, sizeof value, "summing the loss")) {
+    std::string failures;
+    const std::vector<std::string> all = group_->all_gather(mine.data(), mine.size(), "agreeing on the towers' outcome");
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      if (all[r][0] == 'F') {
+        failures += make_message(failures.empty() ? "" : "; ", "rank ", r, ": ", all[r].substr(1 + sizeof loss));
+        continue;
+      }
       double part = 0;
-      std::memcpy(&part, bytes.data(), sizeof part);
+      std::memcpy(&part, all[r].data() + 1, sizeof part);
       total += part;
     }
+    if (!failures.empty())
+      fail("step ", step, " failed on ", group_->describe(), " (", failures, "); nothing was updated on any process");
     return total;
   }
 
@@ -138,20 +212,10 @@ class sharded_processes {
   void check_fingerprint(const std::vector<std::string>& lines) const {
     std::string text;
     for (const std::string& line : lines) text += line + '\n';
-    const std::vector<std::string> all = group_->all_gather(text.data(), text.size(), "the configuration check before the first step");
-    for (std::size_t r = 1; r < all.size(); ++r) {
-      if (all[r] == all[0]) continue;
-      const auto lines_of = [](const std::string& s) {
-        std::vector<std::string> result;
-        for (std::size_t at = 0, end; at < s.size(); at = end + 1) result.push_back(s.substr(at, (end = s.find('\n', at)) - at));
-        return result;
-      };
-      const std::vector<std::string> first = lines_of(all[0]), other = lines_of(all[r]);
-      std::size_t i = 0;
-      while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
-      fail("reduce::sharded over ", group_->describe(), ": the processes differ before the first step: rank ", r, " has '",
-           i < other.size() ? other[i] : "(nothing)", "' where rank 0 has '", i < first.size() ? first[i] : "(nothing)", "'");
-    }
+    const std::string difference =
+        first_difference(group_->all_gather(text.data(), text.size(), "the configuration check before the first step"));
+    if (!difference.empty())
+      fail("reduce::sharded over ", group_->describe(), ": the processes differ before the first step: ", difference);
   }
 
   std::shared_ptr<process_group> group_;
