@@ -55,17 +55,25 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
 Flags take their value as the next argument or after '=': --towers 4, --towers=4. Output files and
 directories are checked (and created) before training starts.)";
 
-std::size_t positive(const std::string& flag, const std::string& value) {
-  std::size_t used = 0;
+// Digits only (no sign, no spaces), within 64 bits; zero where `zero_allowed`.
+std::size_t whole_number(const std::string& flag, const std::string& value, bool zero_allowed = false) {
+  const char* kind = zero_allowed ? "a whole number" : "a positive whole number";
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
+    throw usage_error(flag + " needs " + kind + ", not '" + value + "'");
   unsigned long long number = 0;
   try {
-    number = std::stoull(value, &used);
+    number = std::stoull(value);
   } catch (const std::exception&) {
-    used = 0;
+    throw usage_error(flag + " " + value + " is too large");
   }
-  if (used != value.size() || value[0] == '-' || number == 0)
-    throw usage_error(flag + " needs a positive whole number, not '" + value + "'");
+  if (number == 0 && !zero_allowed) throw usage_error(flag + " needs " + kind + ", not '" + value + "'");
   return static_cast<std::size_t>(number);
+}
+std::size_t positive(const std::string& flag, const std::string& value) { return whole_number(flag, value); }
+// A file or directory name; an empty one would silently turn the output off.
+std::string path_value(const std::string& flag, const std::string& value) {
+  if (value.empty()) throw usage_error(flag + " needs a path, not an empty string");
+  return value;
 }
 
 options parse(int argc, char** argv) {
@@ -123,12 +131,15 @@ options parse(int argc, char** argv) {
     else if (flag == "--epochs") o.epochs = positive(flag, value);
     else if (flag == "--batch-size") o.batch_size = positive(flag, value);
     else if (flag == "--log-every") o.log_every = positive(flag, value);
-    else if (flag == "--generated") o.generated = positive(flag, value);
-    else if (flag == "--seed") o.seed = positive(flag, value);
-    else if (flag == "--timeline") o.timeline_path = value;
-    else if (flag == "--metrics") o.metrics_path = value;
-    else if (flag == "--checkpoint") o.checkpoint_dir = value;
-    else if (flag == "--data") o.data_dir = value;
+    else if (flag == "--generated") {
+      o.generated = positive(flag, value);
+      if (o.generated > 10000000) throw usage_error("--generated " + value + ": at most 10000000 examples (784 floats each)");
+    }
+    else if (flag == "--seed") o.seed = whole_number(flag, value, true);
+    else if (flag == "--timeline") o.timeline_path = path_value(flag, value);
+    else if (flag == "--metrics") o.metrics_path = path_value(flag, value);
+    else if (flag == "--checkpoint") o.checkpoint_dir = path_value(flag, value);
+    else if (flag == "--data") o.data_dir = path_value(flag, value);
     else if (flag == "--lr") {
       std::size_t used = 0;
       try {
@@ -268,6 +279,8 @@ struct processes_scope {
     o.processes = group->size();
     o.group = group;
     if (o.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) throw std::runtime_error("cannot silence stdout");
+    if (o.processes == 1)
+      std::printf("note: --ranks in a single process (not started by mpirun -np N?): training as one process\n");
 #else
     (void)o, (void)argc, (void)argv;
 #endif
@@ -289,6 +302,7 @@ struct processes_scope {
 };
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines as they come, also into a file or a pipe
   std::unique_ptr<processes_scope> processes;
   try {
     options o = parse(argc, argv);

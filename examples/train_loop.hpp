@@ -175,6 +175,11 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   pipeline_opts.devices = o.devices;
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
   if constexpr (std::is_same_v<Reduce, reduce::sharded>) pipeline_opts.processes = o.group;
+  // Checked before the pipeline allocates anything: a batch gives every tower of every process an example.
+  if (o.batch_size < o.towers * static_cast<std::size_t>(o.processes))
+    throw usage_error("--batch-size " + std::to_string(o.batch_size) + (o.was_given("--batch-size") ? "" : " (the default)") +
+                      " is smaller than the " +
+                      std::to_string(o.towers * static_cast<std::size_t>(o.processes)) + " towers: every tower needs an example");
   trainer p(model.variables(), model.input_specs(), o.towers, h, pipeline_opts);
   std::uint64_t init_seed = o.seed;
   p.initialize([&](const variable& v, tensor_view<float> values) { model.initialize(v, values, init_seed); });
@@ -290,7 +295,10 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
     std::printf("epoch %zu/%zu: test accuracy %.2f%%, %.1f examples/sec, step time median %.2f ms, max %.2f ms\n",
                 epoch + 1, o.epochs, accuracy, static_cast<double>(batches_per_epoch * o.batch_size) / seconds,
                 epoch_times.seconds[epoch_times.seconds.size() / 2] * 1e3, epoch_times.seconds.back() * 1e3);
-    if (metrics.is_open()) metrics << p.steps_done() << "," << epoch + 1 << ",,,," << accuracy << "\n";
+    if (metrics.is_open()) {
+      metrics << p.steps_done() << "," << epoch + 1 << ",,,," << accuracy << "\n" << std::flush;
+      if (!metrics) throw std::runtime_error("--metrics " + o.metrics_path + ": writing failed (disk full?)");
+    }
     if (!o.checkpoint_dir.empty()) {
       save_checkpoint(p, checkpoint, o.rank == 0);  // every process helps gather a sharded optimizer state
       std::printf("checkpoint: %s (step %lld)\n", checkpoint.c_str(), static_cast<long long>(p.steps_done()));

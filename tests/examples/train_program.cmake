@@ -96,7 +96,15 @@ foreach(case "--towers;x|--towers needs a positive whole number"
              "--resume=yes|--resume takes no value"
              "--generated;10|--batch-size 128 \\(the default\\) is larger than the training set \\(10 examples\\)"
              "--resume|--resume needs --checkpoint"
-             "--epochs|--epochs needs a value")
+             "--epochs|--epochs needs a value"
+             "--towers;+5|--towers needs a positive whole number, not '\\+5'"
+             "--towers; 5|--towers needs a positive whole number, not ' 5'"
+             "--seed;-1|--seed needs a whole number"
+             "--epochs;99999999999999999999999|--epochs 99999999999999999999999 is too large"
+             "--generated;18446744073709551615|--generated 18446744073709551615: at most 10000000 examples"
+             "--metrics=|--metrics needs a path, not an empty string"
+             "--checkpoint=|--checkpoint needs a path"
+             "--generated;600;--towers;1000|--batch-size 128 \\(the default\\) is smaller than the 1000 towers")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts -1 expected)
   list(REMOVE_AT parts -1)
@@ -106,6 +114,19 @@ foreach(case "--towers;x|--towers needs a positive whole number"
     message(FATAL_ERROR "train ${parts}: expected one line with '${expected}', got:\n${out}")
   endif()
 endforeach()
+# --seed 0 is a seed like any other.
+run_train(out 0 ${small} --epochs 1 --seed 0)
+# A full disk: the metrics cannot be written, and the program says so and fails.
+if(EXISTS /dev/full)
+  run_train(out 1 ${small} --epochs 1 --metrics /dev/full)
+  if(NOT out MATCHES "train: --metrics /dev/full: writing failed")
+    message(FATAL_ERROR "a --metrics that cannot be written must fail: ${out}")
+  endif()
+  run_train(out 1 ${small} --epochs 1 --timeline /dev/full)
+  if(NOT out MATCHES "train: .*timeline: cannot write /dev/full")
+    message(FATAL_ERROR "a --timeline that cannot be written must fail: ${out}")
+  endif()
+endif()
 run_train(out 1 --data ${WORK}/nowhere --epochs 1)
 if(NOT out MATCHES "^train: cannot open")
   message(FATAL_ERROR "a missing data set must say so: ${out}")

@@ -90,6 +90,7 @@ class timeline {
           << (i + 1 < all.size() ? ",\n" : "\n");
     }
     out << "]}\n";
+    out.flush();  // a full disk shows here, not in the destructor, which cannot report it
     if (!out) detail::fail("timeline: cannot write ", path);
   }
 
