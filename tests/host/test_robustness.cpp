@@ -1,5 +1,6 @@
 // Construction and calling-contract failures: each is a towerpipe::error that says what and where,
 // never a hang, a crash or a pipeline left half changed.
+#include <towerpipe/comm/thread_group.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -10,9 +11,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace towerpipe;
 
@@ -209,4 +214,147 @@ TEST_CASE("pipeline_options::processes with a backend that does not span process
                     Catch::Contains("pipeline_options::processes is set, but reduce::host does not span processes") &&
                         Catch::Contains("use reduce::sharded"));
   CHECK_NOTHROW(pipeline<exec::host, reduce::sharded, optim::sgd, layout::flat<float>>({{"w", {2}}}, inputs, 2, {}, options));
+}
+
+namespace {
+
+// reduce::sharded over ranks that are threads (comm/thread_group.hpp): the real exchange and the
+// per-step agreements, in one process, under the sanitizers.
+using sharded_trainer = pipeline<exec::host, reduce::sharded, optim::adam, layout::flat<float>>;
+using one_process_trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<float>>;
+const variable_set rank_variables{{"w", {3, 5}}, {"b", {7}}};
+
+// A tower's gradient from its shard and the parameters alone: g_v[i] = mean_e x_e * (i + 1) + w_v[i] / 8.
+template <class Context>
+double shard_gradient(Context& tower) {
+  const auto x = tower.template input<float>("x");
+  double sum = 0;
+  for (std::size_t e = 0; e < x.examples(); ++e) sum += x(e, 0);
+  const double mean = sum / static_cast<double>(x.examples());
+  for (std::size_t v = 0; v < tower.variables().count(); ++v) {
+    const auto w = tower.parameter(v);
+    const auto g = tower.gradient(v);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(mean * static_cast<double>(i + 1) + w[i] / 8.0);
+  }
+  return mean;
+}
+
+std::vector<float> step_inputs(int step, std::size_t examples) {
+  std::vector<float> x(examples);
+  for (std::size_t e = 0; e < examples; ++e) x[e] = static_cast<float>((step * 7 + static_cast<int>(e) * 3) % 11) - 5.0f;
+  return x;
+}
+
+// Rank r's part of the global batch of `examples`: the shards of its towers (global towers rank-major).
+batch rank_part(const std::vector<float>& x, std::size_t ranks, std::size_t towers, std::size_t r) {
+  const std::vector<shard> shards = plan_split(x.size(), ranks * towers, split_policy::weighted);
+  std::size_t count = 0;
+  for (std::size_t t = 0; t < towers; ++t) count += shards[r * towers + t].examples;
+  batch b;
+  b.add("x", x.data() + shards[r * towers].first, count, {1});
+  return b;
+}
+
+// Runs body(rank) on one thread per rank; returns each rank's error message ("" where none).
+template <class Body>
+std::vector<std::string> on_every_rank(std::size_t ranks, Body&& body) {
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("reduce::sharded over thread ranks equals one process with every tower, bitwise", "[robustness][sharded][ranks]") {
+  for (std::size_t ranks : {std::size_t(2), std::size_t(3)}) {
+    for (std::size_t towers : {std::size_t(1), std::size_t(2)}) {
+      INFO(ranks << " ranks x " << towers << " towers");
+      const std::size_t examples = 3 * ranks * towers + 1;  // uneven shards
+      one_process_trainer single(rank_variables, inputs, ranks * towers, {});
+      std::vector<std::vector<float>> expected;  // per step, every parameter end to end
+      for (int step = 1; step <= 3; ++step) {
+        const std::vector<float> x = step_inputs(step, examples);
+        single.step(ones(x), [](one_process_trainer::tower_context& tower) { return shard_gradient(tower); });
+        expected.emplace_back();
+        for (std::size_t v = 0; v < rank_variables.count(); ++v)
+          expected.back().insert(expected.back().end(), single.parameter(v).begin(), single.parameter(v).end());
+      }
+      const auto group = thread_process_group::create(static_cast<int>(ranks));
+      std::vector<std::vector<std::vector<float>>> seen(ranks);
+      const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+        pipeline_options options;
+        options.processes = group[r];
+        sharded_trainer p(rank_variables, inputs, towers, {}, options);
+        for (int step = 1; step <= 3; ++step) {
+          const std::vector<float> x = step_inputs(step, examples);
+          p.step(rank_part(x, ranks, towers, r), [](sharded_trainer::tower_context& tower) { return shard_gradient(tower); });
+          seen[r].emplace_back();
+          for (std::size_t v = 0; v < rank_variables.count(); ++v)
+            seen[r].back().insert(seen[r].back().end(), p.parameter(v).begin(), p.parameter(v).end());
+        }
+      });
+      for (std::size_t r = 0; r < ranks; ++r) {
+        INFO("rank " << r);
+        REQUIRE(errors[r].empty());
+        for (std::size_t s = 0; s < expected.size(); ++s) CHECK(std::memcmp(seen[r][s].data(), expected[s].data(), expected[s].size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("over thread ranks, a tower that throws on one rank fails the step on every rank alike, and the next step runs",
+          "[robustness][sharded][ranks]") {
+  const std::size_t ranks = 3, examples = 12;
+  const auto group = thread_process_group::create(static_cast<int>(ranks));
+  std::vector<std::int64_t> steps(ranks);
+  std::vector<std::string> failed(ranks);
+  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+    pipeline_options options;
+    options.processes = group[r];
+    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+    const std::vector<float> x = step_inputs(1, examples);
+    p.step(rank_part(x, ranks, 1, r), [](sharded_trainer::tower_context& tower) { return shard_gradient(tower); });
+    try {
+      p.step(rank_part(x, ranks, 1, r), [&](sharded_trainer::tower_context& tower) {
+        if (r == 1) throw std::runtime_error("boom");
+        return shard_gradient(tower);
+      });
+    } catch (const error& e) {
+      failed[r] = e.what();
+    }
+    p.step(rank_part(x, ranks, 1, r), [](sharded_trainer::tower_context& tower) { return shard_gradient(tower); });
+    steps[r] = p.steps_done();
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK(failed[r] == "towerpipe: step 2 failed on threads, 3 ranks (rank 1: tower 0 threw: boom); nothing was updated on any process");
+    CHECK(steps[r] == 2);
+  }
+}
+
+TEST_CASE("over thread ranks, a rank that stops is named by the others at the deadline", "[robustness][sharded][ranks]") {
+  const std::size_t ranks = 3;
+  const auto group = thread_process_group::create(static_cast<int>(ranks), std::chrono::milliseconds(300));
+  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+    if (r == 2) return;  // never builds its pipeline
+    pipeline_options options;
+    options.processes = group[r];
+    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[r], Catch::Contains("the configuration check before the first step did not complete within 0.3 s") &&
+                              Catch::Contains("nothing came from rank(s) 2"));
+  }
 }

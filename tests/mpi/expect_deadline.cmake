@@ -11,3 +11,7 @@ endif()
 if(NOT output MATCHES "rank 0: error: towerpipe: rank 0 of 3: [a-z ]+ did not complete within 3 s: another process has exited")
   message(FATAL_ERROR "rank 0 did not report the deadline")
 endif()
+# The rank that never joined is named (the last one, rank 2).
+if(NOT output MATCHES "rank 0: error: [^\n]*; nothing came from rank\\(s\\) 2")
+  message(FATAL_ERROR "rank 0 did not name the missing rank")
+endif()

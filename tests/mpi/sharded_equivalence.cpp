@@ -12,8 +12,9 @@
 //                process only (at construction), a schedule (set_hyper) on one process only, a tower that
 //                throws on rank 0 (nothing updated anywhere, the next step runs on all), the last process
 //                resumed from an older checkpoint, or afresh with the same step count.
-//   stalled      the last process never joins (it sleeps 40 s, as if stuck elsewhere): the others fail
-//                with the deadline's error within seconds (3 s here) instead of hanging. (A process that
+//   stalled      the last process never joins the pipeline (it sleeps 40 s, as if stuck elsewhere): the
+//                others fail with the deadline's error within seconds (3 s here) instead of hanging, and
+//                name the rank nothing came from. (A process that
 //                leaves through MPI_Finalize meets the same deadline, but Debian's OpenMPI 4.1.4 mpirun
 //                then hangs or crashes in its own teardown in about 1 run of 10 under load, after every
 //                process has reported and aborted; that would make the test flaky, not the library.)
@@ -437,13 +438,13 @@ int main(int argc, char** argv) {
   }
 #endif
   try {
+    std::shared_ptr<process_group> group =
+        std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" ? 3 : 60));
     if (mode == "stalled" && rank == processes - 1) {
       std::this_thread::sleep_for(std::chrono::seconds(40));
       MPI_Finalize();
       return 0;
     }
-    std::shared_ptr<process_group> group =
-        std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" ? 3 : 60));
 #if defined(TOWERPIPE_TEST_GPU_TOWERS)
     if (mode == "nccl") {  // the same checks with NCCL moving the device buffers (one GPU per process)
       group = nccl_process_group_over_mpi(MPI_COMM_WORLD, rank % devices);

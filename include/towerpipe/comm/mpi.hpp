@@ -56,12 +56,14 @@ class mpi_process_group final : public process_group {
   std::string describe() const override { return "MPI, " + std::to_string(size_) + " processes"; }
   std::chrono::milliseconds deadline() const { return deadline_; }
 
+  // Every call starts with the sizes, sent point to point rather than as a collective: past the
+  // deadline, the ranks nothing came from are known and named. (Every step's first collective and the
+  // configuration check are all_gathers, so a process that has exited or stopped is named there.)
   std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char* what) override {
     const auto mine = static_cast<std::uint64_t>(bytes);
     std::vector<std::uint64_t> sizes(static_cast<std::size_t>(size_));
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(&mine, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, comm_, &request), what);
-    wait(request, what);
+    sizes[static_cast<std::size_t>(rank_)] = mine;
+    exchange_sizes(mine, sizes, what);
     std::vector<std::size_t> offsets, counts;
     std::size_t total = 0;
     for (std::uint64_t n : sizes) {
@@ -99,6 +101,54 @@ class mpi_process_group final : public process_group {
   }
 
  private:
+  static constexpr int sizes_tag = 0x7417;
+
+  // Sends `mine` to every other rank and receives theirs into sizes[r], within the deadline; past it,
+  // the pending requests are cancelled (so that nothing lands in freed memory later) and the error
+  // names the ranks that sent nothing.
+  void exchange_sizes(const std::uint64_t& mine, std::vector<std::uint64_t>& sizes, const char* what) const {
+    std::vector<MPI_Request> receives, sends;
+    std::vector<int> from;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      from.push_back(r);
+      receives.emplace_back(MPI_REQUEST_NULL);
+      sends.emplace_back(MPI_REQUEST_NULL);
+      check(MPI_Irecv(&sizes[static_cast<std::size_t>(r)], 1, MPI_UINT64_T, r, sizes_tag, comm_, &receives.back()), what);
+      check(MPI_Isend(&mine, 1, MPI_UINT64_T, r, sizes_tag, comm_, &sends.back()), what);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int received = 0, sent = 0;
+      check(MPI_Testall(static_cast<int>(receives.size()), receives.data(), &received, MPI_STATUSES_IGNORE), what);
+      check(MPI_Testall(static_cast<int>(sends.size()), sends.data(), &sent, MPI_STATUSES_IGNORE), what);
+      if (received && sent) return;
+      if (std::chrono::steady_clock::now() - start > deadline_) break;
+      std::this_thread::yield();
+    }
+    std::string missing;
+    for (std::size_t i = 0; i < receives.size(); ++i) {
+      int done = 0;
+      MPI_Test(&receives[i], &done, MPI_STATUS_IGNORE);
+      if (!done) missing += (missing.empty() ? "" : ", ") + std::to_string(from[i]);
+    }
+    for (std::vector<MPI_Request>* pending : {&receives, &sends}) {
+      for (MPI_Request& request : *pending) {
+        if (request == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&request);
+        MPI_Request_free(&request);
+      }
+    }
+    fail_past_deadline(what, missing.empty() ? std::string() : "; nothing came from rank(s) " + missing);
+  }
+
+  [[noreturn]] void fail_past_deadline(const char* what, const std::string& detail) const {
+    detail::fail("rank ", rank_, " of ", size_, ": ", what, " did not complete within ", std::chrono::duration<double>(deadline_).count(),
+                 " s: another process has exited, stopped, or is not making the same call (MPI cannot be used "
+                 "reliably after this: end the program, e.g. with MPI_Abort)",
+                 detail);
+  }
+
   // Polls the request until it completes or the deadline passes.
   void wait(MPI_Request& request, const char* what) const {
     const auto start = std::chrono::steady_clock::now();
@@ -106,12 +156,7 @@ class mpi_process_group final : public process_group {
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
       if (done) return;
-      const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited > deadline_)
-        detail::fail("rank ", rank_, " of ", size_, ": ", what, " did not complete within ",
-                     std::chrono::duration<double>(deadline_).count(),
-                     " s: another process has exited, stopped, or is not making the same call (MPI cannot be used "
-                     "reliably after this: end the program, e.g. with MPI_Abort)");
+      if (std::chrono::steady_clock::now() - start > deadline_) fail_past_deadline(what, "");
       // MPI moves a large message in fragments and makes progress only inside MPI_Test: sleeping between
       // polls would stall every fragment (a 100 MB exchange took 6x longer with 200 us naps). Yielding
       // keeps the transfer moving and lets the process's other threads, or other processes, run.
