@@ -175,12 +175,20 @@ TEST_CASE("a checkpoint that cannot be written says why and leaves no temporary"
                     Catch::Contains("checkpoint /nonexistent-dir/x.ckpt: cannot create a temporary file beside it"));
 }
 
-TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files without it still load", "[checkpoint][loss_scale]") {
-  const std::string path = temporary_path("scaled.ckpt");
+namespace {
+// Dynamic loss scaling from 256, growing after 2 good steps.
+pipeline_options dynamic_scaling() {
   pipeline_options options;
   options.loss_scale.mode = loss_scale_mode::dynamic;
   options.loss_scale.initial_scale = 256.0;
   options.loss_scale.growth_interval = 2;
+  return options;
+}
+}  // namespace
+
+TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files without it still load", "[checkpoint][loss_scale]") {
+  const std::string path = temporary_path("scaled.ckpt");
+  const pipeline_options options = dynamic_scaling();
   trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
   train_steps(source, 0, 3);  // 256 -> 512 after two good steps, one good step towards the next
   REQUIRE(source.loss_scale() == 512.0);
@@ -222,10 +230,7 @@ TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files wit
 
 TEST_CASE("a checkpoint whose loss scale no step could use is refused whole", "[checkpoint][loss_scale][errors]") {
   const std::string path = temporary_path("bad_scale.ckpt");
-  pipeline_options options;
-  options.loss_scale.mode = loss_scale_mode::dynamic;
-  options.loss_scale.initial_scale = 256.0;
-  options.loss_scale.growth_interval = 2;
+  const pipeline_options options = dynamic_scaling();
   trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
   train_steps(source, 0, 3);
   save_checkpoint(source, path);

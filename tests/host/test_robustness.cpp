@@ -182,34 +182,11 @@ TEST_CASE("a pipeline at 2^53 steps refuses to stage or step, and keeps its coun
   CHECK(p.execution_space().staged() == 0);
 }
 
-namespace {
-
-// A process group of one process: enough to hand a pipeline pipeline_options::processes.
-class one_process final : public process_group {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string describe() const override { return "one process"; }
-  std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char*) override {
-    return {std::string(static_cast<const char*>(data), bytes)};
-  }
-  void all_to_all(const char* send, const std::vector<std::size_t>& send_offsets, const std::vector<std::size_t>& send_bytes,
-                  char* recv, const std::vector<std::size_t>& recv_offsets, const std::vector<std::size_t>&, const char*) override {
-    std::copy_n(send + send_offsets[0], send_bytes[0], recv + recv_offsets[0]);
-  }
-  void all_gather_blocks(const char* mine, char* out, const std::vector<std::size_t>& block_offsets,
-                         const std::vector<std::size_t>& block_bytes, const char*) override {
-    std::copy_n(mine, block_bytes[0], out + block_offsets[0]);
-  }
-};
-
-}  // namespace
-
 TEST_CASE("pipeline_options::processes with a backend that does not span processes is refused at construction",
           "[robustness][pipeline]") {
   // Before, reduce::host ignored the group: under mpirun every rank trained alone and exited 0.
   pipeline_options options;
-  options.processes = std::make_shared<one_process>();
+  options.processes = std::make_shared<detail::single_process>();
   CHECK_THROWS_WITH(trainer({{"w", {2}}}, inputs, 2, {}, options),
                     Catch::Contains("pipeline_options::processes is set, but reduce::host does not span processes") &&
                         Catch::Contains("use reduce::sharded"));
