@@ -58,7 +58,7 @@ class thread_process_group final : public process_group {
       const std::string& piece = posted[index(r)][index(rank_)];
       if (piece.size() != recv_bytes[index(r)])
         detail::fail("rank ", rank_, ": ", what, ": rank ", r, " sent ", piece.size(), " bytes, ", recv_bytes[index(r)], " expected");
-      std::memcpy(recv + recv_offsets[index(r)], piece.data(), piece.size());
+      if (!piece.empty()) std::memcpy(recv + recv_offsets[index(r)], piece.data(), piece.size());  // recv may be null when empty
     }
   }
 
@@ -69,7 +69,7 @@ class thread_process_group final : public process_group {
       if (all[index(r)].size() != block_bytes[index(r)])
         detail::fail("rank ", rank_, ": ", what, ": rank ", r, " gave ", all[index(r)].size(), " bytes, ", block_bytes[index(r)],
                      " expected");
-      std::memcpy(out + block_offsets[index(r)], all[index(r)].data(), all[index(r)].size());
+      if (!all[index(r)].empty()) std::memcpy(out + block_offsets[index(r)], all[index(r)].data(), all[index(r)].size());
     }
   }
 

@@ -195,7 +195,8 @@ class sharded_processes {
   screen_partials share_screen(const screen_partials& mine) const {
     std::string bytes(sizeof mine.first_nonfinite + mine.tile_sums.size() * sizeof(double), '\0');
     std::memcpy(bytes.data(), &mine.first_nonfinite, sizeof mine.first_nonfinite);
-    std::memcpy(bytes.data() + sizeof mine.first_nonfinite, mine.tile_sums.data(), mine.tile_sums.size() * sizeof(double));
+    if (!mine.tile_sums.empty())  // an owner of no tiles has no array to copy from
+      std::memcpy(bytes.data() + sizeof mine.first_nonfinite, mine.tile_sums.data(), mine.tile_sums.size() * sizeof(double));
     screen_partials all;
     for (const std::string& part : group_->all_gather(bytes.data(), bytes.size(), "sharing the gradient screen")) {
       nonfinite_key key = no_nonfinite;
@@ -203,7 +204,7 @@ class sharded_processes {
       all.first_nonfinite = std::min(all.first_nonfinite, key);
       const std::size_t before = all.tile_sums.size();
       all.tile_sums.resize(before + (part.size() - sizeof key) / sizeof(double));
-      std::memcpy(all.tile_sums.data() + before, part.data() + sizeof key, part.size() - sizeof key);
+      if (part.size() > sizeof key) std::memcpy(all.tile_sums.data() + before, part.data() + sizeof key, part.size() - sizeof key);
     }
     return all;
   }
