@@ -217,13 +217,9 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
               o.optimizer.c_str(), Layout::name, o.batch_size, o.lr);
 
   const std::size_t features = data.train.features;
-  // With several processes each stages its towers' part of the batch: global towers are rank-major, and
-  // the batch splits over all of them as it would in one process.
-  const std::vector<shard> global_split = plan_split(o.batch_size, o.towers * static_cast<std::size_t>(o.processes),
-                                                     split_policy::weighted);
-  const std::size_t local_first = global_split[static_cast<std::size_t>(o.rank) * o.towers].first;
-  std::size_t local_examples = 0;
-  for (std::size_t t = 0; t < o.towers; ++t) local_examples += global_split[static_cast<std::size_t>(o.rank) * o.towers + t].examples;
+  // With several processes each stages its towers' part of the batch, as one process would cut it.
+  const batch_part part = p.process_part(o.batch_size);
+  const std::size_t local_first = part.first, local_examples = part.examples;
   batch_buffers buffers;
   const auto stage_batch = [&](const std::vector<std::size_t>& order, std::size_t b, int slot) {
     buffers.images[slot].resize(local_examples * features);

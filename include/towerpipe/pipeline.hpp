@@ -14,7 +14,8 @@
 //
 // Overlapping input with compute: stage(next) before step(fn) starts copying the next batch to the
 // towers while this step runs (exec::cuda double-buffers it); step(fn) runs on the oldest staged batch
-// and consumes it, whether it succeeds or fails. step(batch, fn) is stage(batch) + step(fn).
+// and consumes it, whether it succeeds or fails. step(batch, fn) is stage(batch) + step(fn) on that
+// batch: refused while another batch is staged.
 //
 // Threading: a pipeline is used by one thread at a time, like a standard container; its own threads
 // and streams run the towers. Calls that change it (stage, step, set_parameter, set_optimizer_state,
@@ -30,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,6 +109,11 @@ class pipeline {
     if (options_.loss_scale.mode != loss_scale_mode::off) loss_scale_ = static_cast<float>(options_.loss_scale.initial_scale);
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = make_reducer();
+    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
+      const auto& processes = reducer_->processes();
+      if (options_.trace != nullptr && processes.size() > 1)
+        options_.trace->set_process(processes.rank(), processes.size(), processes.global_tower(0));
+    }
   }
 
   pipeline(const pipeline&) = delete;
@@ -116,11 +123,15 @@ class pipeline {
   const std::vector<input_spec>& inputs() const { return inputs_; }
   std::size_t towers() const { return towers_->towers(); }
   std::int64_t steps_done() const { return steps_done_; }
+  // Micro-batches of the open accumulation window already averaged (pipeline_options::
+  // accumulation_steps); 0 between optimizer steps, where checkpoints are taken.
+  std::size_t micro_batches_pending() const { return micro_batch_; }
 
   // The towers themselves (exec/towers_contract.hpp: replicas, gradients, streams), for users who need
   // more than the step interface (a GPU tower's stream between steps, say).
   towers_type& execution_space() { return *towers_; }
 
+  const pipeline_options& options() const { return options_; }
   const hyper_parameters& hyper() const { return hyper_parameters_; }
   // For schedules: takes effect from the next step; validated first, so a bad value changes nothing.
   void set_hyper(const hyper_parameters& h) {
@@ -185,6 +196,8 @@ class pipeline {
       detail::fail(Optim::name, " state slot ", slot, " of '", (*variables_)[index].name, "' set with ", count,
                    " values; it holds ", (*variables_)[index].size);
     reducer_->set_state(slot, index, values);
+    // Each process's own record of what it set (a sharded process holds only its slice of the state).
+    state_set_[{slot, index}] = fnv1a(values, count * sizeof(value_type));
   }
 
  public:
@@ -255,17 +268,32 @@ class pipeline {
 
   // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
   // At most two batches may wait: the one the next step uses and the one after.
+  // Across processes a refusal here is this process's alone: the next step fails on every process,
+  // naming the refusals each made (use step(batch, fn), whose refusal every process shares).
   void stage(const batch& examples) {
     const exclusive_call call(busy_, "stage");
-    stage_held(examples);
+    try {
+      stage_held(examples);
+    } catch (const error&) {
+      ++stage_refusals_;
+      throw;
+    }
   }
 
-  // stage(batch) + step(fn) as one call: refused whole (nothing staged) or run.
+  // stage(batch) + step(fn) as one call on this batch: refused whole (nothing staged) or run. Across
+  // processes (reduce::sharded) a batch refused on one process fails the step on every process alike.
   template <class TowerFn>
   step_stats step(const batch& examples, TowerFn&& fn) {
     const exclusive_call call(busy_, "step");
     const auto start = clock::now();
-    stage_held(examples);
+    try {
+      if (towers_->staged() != 0)
+        detail::fail("step(batch, fn) with a batch staged already would run on that one: call step(fn)");
+      stage_held(examples);
+    } catch (const error& e) {
+      if constexpr (detail::reducer_spans_processes<reducer_type>::value) refuse_on_every_process(e.message());
+      throw;
+    }
     const double staging = seconds_since(start);
     step_stats stats = step_held(fn);
     stats.seconds += staging;
@@ -279,6 +307,19 @@ class pipeline {
   step_stats step(TowerFn&& fn) {
     const exclusive_call call(busy_, "step");
     return step_held(fn);
+  }
+
+  // This process's part of a global batch of `global_examples`: stage batch.slice(part.first,
+  // part.examples). Across processes (reduce::sharded) the part its towers get where one process with
+  // every tower would cut the batch; in one process, the examples the split uses.
+  batch_part process_part(std::size_t global_examples) const {
+    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
+      const auto& processes = reducer_->processes();
+      return process_part_of(global_examples, towers(), static_cast<std::size_t>(processes.size()),
+                             static_cast<std::size_t>(processes.rank()), options_.split);
+    } else {
+      return process_part_of(global_examples, towers(), 1, 0, options_.split);
+    }
   }
 
   // The most steps a pipeline counts: bias corrections take the step as a double, exact up to 2^53.
@@ -295,6 +336,11 @@ class pipeline {
     const auto start = clock::now();
     if (towers_->staged() >= 2) detail::fail("two batches are staged already: call step(fn) before staging more");
     examples.check_against(inputs_);
+    if (detail::reducer_spans_processes<reducer_type>::value && options_.split == split_policy::drop_remainder &&
+        examples.examples() % towers() != 0)
+      detail::fail("a batch of ", examples.examples(), " examples over this process's ", towers(), " towers leaves ",
+                   examples.examples() % towers(), " out: across processes each stages exactly its part of the global batch ",
+                   "(pipeline::process_part), so that the examples dropped are the global batch's last");
     const std::int64_t consuming_step = steps_done_ + static_cast<std::int64_t>(towers_->staged()) + 1;
     if (consuming_step > max_steps) fail_past_max_steps();
     towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
@@ -362,8 +408,10 @@ class pipeline {
   std::vector<double> tower_weights(const std::vector<shard>& shards, step_stats& stats) {
     std::vector<double> weights;
     if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      weights = reducer_->processes().agree_before_towers(step_settings(), shards, stats.examples);
+      weights = reducer_->processes().agree_before_towers(steps_done_ + 1, std::nullopt, step_settings(), shards,
+                                                          options_.split, stats.examples);
       parameters_set_ = false;
+      state_set_.clear();
     } else {
       for (const shard& s : shards) {
         weights.push_back(s.weight);
@@ -373,6 +421,14 @@ class pipeline {
     return weights;
   }
 
+
+  // This process refused step(batch, fn)'s batch: it joins the step's first collective with its refusal,
+  // which fails the step on every process alike (the others discard the batch they staged).
+  [[noreturn]] void refuse_on_every_process(const std::string& refusal) {
+    std::size_t examples = 0;
+    reducer_->processes().agree_before_towers(steps_done_ + 1, refusal, step_settings(), {}, options_.split, examples);
+    detail::fail(refusal);  // not reached: a refusal fails the collective
+  }
 
   // The towers on this step's batch, their losses, and the loss weighted by `weights`. Across processes
   // every process learns whether every process's towers succeeded: a failure on one is an error on all,
@@ -409,16 +465,31 @@ class pipeline {
   std::string step_settings() const {
     std::string text = detail::make_message("step: ", steps_done_ + 1, "\noptimizer: ", Optim::describe(hyper_parameters_),
                                             "\nloss scale: ", detail::exact(loss_scale_), ", good steps ", good_steps_,
-                                            "\nmicro-batch: ", micro_batch_ + 1, "\nparameters: ");
-    if (!parameters_set_) return text + "unchanged";
-    std::uint64_t digest = fnv1a_basis;
-    for (std::size_t v = 0; v < variables_->count(); ++v) {
-      const tensor_view<const value_type> values = parameter(v);
-      digest = fnv1a(values.data(), values.size() * sizeof(value_type), digest);
+                                            "\nmicro-batch: ", micro_batch_ + 1, "\nbatches stage() refused: ", stage_refusals_,
+                                            "\nparameters: ");
+    if (!parameters_set_) {
+      text += "unchanged";
+    } else {
+      std::uint64_t digest = fnv1a_basis;
+      for (std::size_t v = 0; v < variables_->count(); ++v) {
+        const tensor_view<const value_type> values = parameter(v);
+        digest = fnv1a(values.data(), values.size() * sizeof(value_type), digest);
+      }
+      text += "set since the last step, digest " + hex(digest);
     }
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
-    return text + "set since the last step, digest " + hex;
+    text += "\noptimizer state: ";
+    if (state_set_.empty()) return text + "unchanged";
+    std::uint64_t digest = fnv1a_basis;
+    for (const auto& [where, values] : state_set_) {
+      const std::uint64_t record[3] = {where.first, where.second, values};
+      digest = fnv1a(record, sizeof record, digest);
+    }
+    return text + "set since the last step, digest " + hex(digest);
+  }
+  static std::string hex(std::uint64_t digest) {
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
+    return text;
   }
 
   // A checked step (reduce/screen.hpp): average and screen; skip or throw on a non-finite average;
@@ -603,6 +674,9 @@ class pipeline {
   std::unique_ptr<reducer_type> reducer_;
   std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;
+  // (slot, variable) -> digest of the optimizer state values last set there since the last step.
+  std::map<std::pair<std::size_t, std::size_t>, std::uint64_t> state_set_;
+  std::int64_t stage_refusals_ = 0;            // by stage(): across processes every process must have as many
   bool parameters_set_ = false;  // since the last step: the processes compare a digest (step_settings)
   std::atomic<bool> busy_{false};
   float loss_scale_ = 1.0f;      // pipeline_options::loss_scale; a float, as GradScaler's

@@ -42,4 +42,21 @@ inline std::vector<shard> plan_split(std::size_t examples, std::size_t towers, s
   return shards;
 }
 
+// The examples of a global batch that one process of several stages (reduce::sharded across processes):
+// the shards that one process with every tower (processes x towers_per_process, rank-major) would give
+// to this process's towers. Staging exactly this part makes the processes' step the one-process step.
+struct batch_part {
+  std::size_t first = 0;  // index of the part's first example in the global batch
+  std::size_t examples = 0;
+};
+
+inline batch_part process_part_of(std::size_t global_examples, std::size_t towers_per_process, std::size_t processes,
+                                  std::size_t rank, split_policy policy) {
+  if (rank >= processes) detail::fail("process_part_of: rank ", rank, " of ", processes, " processes");
+  const std::vector<shard> shards = plan_split(global_examples, towers_per_process * processes, policy);
+  batch_part part{shards[rank * towers_per_process].first, 0};
+  for (std::size_t t = 0; t < towers_per_process; ++t) part.examples += shards[rank * towers_per_process + t].examples;
+  return part;
+}
+
 }  // namespace towerpipe

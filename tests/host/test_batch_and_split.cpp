@@ -106,6 +106,21 @@ TEST_CASE("uneven batches: weighted shards b_i/B or a dropped remainder", "[spli
   }
 }
 
+TEST_CASE("a process's part of a global batch is its towers' shards of one process's cut", "[split]") {
+  // 102 over 2 processes x 2 towers: one process cuts 26/26/25/25, so rank 0 takes 52 and rank 1 50.
+  CHECK(process_part_of(102, 2, 2, 0, split_policy::weighted).first == 0);
+  CHECK(process_part_of(102, 2, 2, 0, split_policy::weighted).examples == 52);
+  CHECK(process_part_of(102, 2, 2, 1, split_policy::weighted).first == 52);
+  CHECK(process_part_of(102, 2, 2, 1, split_policy::weighted).examples == 50);
+  // 7 over 3 processes x 1 tower: 3/2/2.
+  CHECK(process_part_of(7, 1, 3, 2, split_policy::weighted).first == 5);
+  CHECK(process_part_of(7, 1, 3, 2, split_policy::weighted).examples == 2);
+  // drop_remainder: 102 over 4 towers uses 100, 25 each; the last 2 are nobody's.
+  CHECK(process_part_of(102, 2, 2, 1, split_policy::drop_remainder).first == 50);
+  CHECK(process_part_of(102, 2, 2, 1, split_policy::drop_remainder).examples == 50);
+  CHECK_THROWS_WITH(process_part_of(102, 2, 2, 2, split_policy::weighted), Catch::Contains("rank 2 of 2 processes"));
+}
+
 TEST_CASE("a batch smaller than the tower count, or zero towers, is an error", "[split][errors]") {
   CHECK_THROWS_WITH(plan_split(3, 4, split_policy::weighted),
                     Catch::Contains("a batch of 3 examples cannot be split across 4 towers"));

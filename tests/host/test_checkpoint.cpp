@@ -269,3 +269,29 @@ TEST_CASE("a checkpoint whose loss scale no step could use is refused whole", "[
   CHECK(target.loss_scale_good_steps() == 1);
   std::remove(path.c_str());
 }
+
+TEST_CASE("a checkpoint is refused in the middle of an accumulation window, and taken at its end", "[checkpoint][errors]") {
+  // Resuming from mid-window would start a new window there and shift every later one.
+  pipeline_options options;
+  options.accumulation_steps = 3;
+  trainer<layout::flat<float>> p(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
+  const std::string path = temporary_path("mid_window.ckpt");
+  std::remove(path.c_str());
+  train_steps(p, 0, 2);
+  CHECK(p.micro_batches_pending() == 2);
+  CHECK_THROWS_WITH(save_checkpoint(p, path),
+                    "towerpipe: checkpoint: not saved in the middle of an accumulation window (2 of 3 micro-batches averaged): "
+                    "save after a step whose stats.accumulating is false");
+  CHECK_FALSE(std::ifstream(path).good());
+  train_steps(p, 2, 3);
+  CHECK(p.micro_batches_pending() == 0);
+  CHECK(p.steps_done() == 1);
+  save_checkpoint(p, path);
+  trainer<layout::flat<float>> resumed(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
+  load_checkpoint(resumed, path);
+  train_steps(p, 3, 9);
+  train_steps(resumed, 3, 9);
+  require_same_state(p, resumed);
+  CHECK(resumed.steps_done() == 3);
+  std::remove(path.c_str());
+}

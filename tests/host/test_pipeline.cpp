@@ -271,8 +271,10 @@ TEST_CASE("staged batches are stepped in order, at most two wait, a failed step 
   p.stage(b2);
   CHECK_THROWS_WITH(p.stage(b3), Catch::Contains("two batches are staged already"));
   CHECK(p.step(record).stages.split > 0);  // stage(b1)'s time, reported by the step that used b1
-  p.step(b3, record);  // stages b3 behind b2, runs b2
-  CHECK_THROWS_AS(p.step([](trainer::tower_context&) -> double { throw std::runtime_error("boom"); }), towerpipe::error);
+  // step(batch, fn) trains on its batch: with b2 waiting it would run b2, so it is refused, staging nothing.
+  CHECK_THROWS_WITH(p.step(b3, record), Catch::Contains("with a batch staged already would run on that one"));
+  p.step(record);  // b2
+  CHECK_THROWS_AS(p.step(b3, [](trainer::tower_context&) -> double { throw std::runtime_error("boom"); }), towerpipe::error);
   CHECK(p.steps_done() == 2);
   CHECK_THROWS_WITH(p.step(record), Catch::Contains("needs a staged batch"));  // the failed step took b3
   CHECK(seen == std::vector<float>{1.0f, 2.0f});

@@ -222,15 +222,27 @@ std::vector<float> step_inputs(int step, std::size_t examples) {
   return x;
 }
 
-// Rank r's part of the global batch of `examples`: the shards of its towers (global towers rank-major).
-batch rank_part(const std::vector<float>& x, std::size_t ranks, std::size_t towers, std::size_t r) {
-  const std::vector<shard> shards = plan_split(x.size(), ranks * towers, split_policy::weighted);
-  std::size_t count = 0;
-  for (std::size_t t = 0; t < towers; ++t) count += shards[r * towers + t].examples;
+// This rank's part of the global batch x, as the pipeline cuts it (pipeline::process_part).
+batch rank_part(const sharded_trainer& p, const std::vector<float>& x) {
+  const batch_part part = p.process_part(x.size());
   batch b;
-  b.add("x", x.data() + shards[r * towers].first, count, {1});
+  b.add("x", x.data() + part.first, part.examples, {1});
   return b;
 }
+
+// What f throws as a towerpipe::error; "" where it returns.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// A tower of the rank tests.
+double rank_tower(sharded_trainer::tower_context& tower) { return shard_gradient(tower); }
 
 // Runs body(rank) on one thread per rank; returns each rank's error message ("" where none).
 template <class Body>
@@ -274,7 +286,7 @@ TEST_CASE("reduce::sharded over thread ranks equals one process with every tower
         sharded_trainer p(rank_variables, inputs, towers, {}, options);
         for (int step = 1; step <= 3; ++step) {
           const std::vector<float> x = step_inputs(step, examples);
-          p.step(rank_part(x, ranks, towers, r), [](sharded_trainer::tower_context& tower) { return shard_gradient(tower); });
+          p.step(rank_part(p, x), rank_tower);
           seen[r].emplace_back();
           for (std::size_t v = 0; v < rank_variables.count(); ++v)
             seen[r].back().insert(seen[r].back().end(), p.parameter(v).begin(), p.parameter(v).end());
@@ -300,16 +312,14 @@ TEST_CASE("over thread ranks, a tower that throws on one rank fails the step on 
     options.processes = group[r];
     sharded_trainer p(rank_variables, inputs, 1, {}, options);
     const std::vector<float> x = step_inputs(1, examples);
-    p.step(rank_part(x, ranks, 1, r), [](sharded_trainer::tower_context& tower) { return shard_gradient(tower); });
-    try {
-      p.step(rank_part(x, ranks, 1, r), [&](sharded_trainer::tower_context& tower) {
+    p.step(rank_part(p, x), rank_tower);
+    failed[r] = error_of([&] {
+      p.step(rank_part(p, x), [&](sharded_trainer::tower_context& tower) {
         if (r == 1) throw std::runtime_error("boom");
         return shard_gradient(tower);
       });
-    } catch (const error& e) {
-      failed[r] = e.what();
-    }
-    p.step(rank_part(x, ranks, 1, r), [](sharded_trainer::tower_context& tower) { return shard_gradient(tower); });
+    });
+    p.step(rank_part(p, x), rank_tower);
     steps[r] = p.steps_done();
   });
   for (std::size_t r = 0; r < ranks; ++r) {
@@ -334,4 +344,149 @@ TEST_CASE("over thread ranks, a rank that stops is named by the others at the de
     CHECK_THAT(errors[r], Catch::Contains("the configuration check before the first step did not complete within 0.3 s") &&
                               Catch::Contains("nothing came from rank(s) 2"));
   }
+}
+
+TEST_CASE("over thread ranks, a batch refused on one rank fails the step on every rank alike, and the next step runs",
+          "[robustness][sharded][ranks]") {
+  const std::size_t ranks = 3, examples = 12;
+  const auto group = thread_process_group::create(static_cast<int>(ranks));
+  std::vector<std::int64_t> steps(ranks);
+  std::vector<std::string> failed(ranks);
+  std::vector<std::vector<float>> after(ranks);
+  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+    pipeline_options options;
+    options.processes = group[r];
+    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+    const std::vector<float> x = step_inputs(1, examples);
+    p.step(rank_part(p, x), rank_tower);
+    batch wrong;
+    wrong.add("y", x.data(), 4, {1});  // no input "x"
+    failed[r] = error_of([&] { p.step(r == 2 ? wrong : rank_part(p, x), rank_tower); });
+    p.step(rank_part(p, x), rank_tower);
+    steps[r] = p.steps_done();
+    for (std::size_t v = 0; v < rank_variables.count(); ++v)
+      after[r].insert(after[r].end(), p.parameter(v).begin(), p.parameter(v).end());
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK_THAT(failed[r], Catch::StartsWith("towerpipe: step 2: the batch was refused on threads, 3 ranks (rank 2: ") &&
+                              Catch::Contains("lacks the declared input 'x'") && Catch::EndsWith("nothing was staged or updated on any process"));
+    CHECK(steps[r] == 2);
+    CHECK(after[r] == after[0]);
+  }
+}
+
+TEST_CASE("over thread ranks, batches that are not one process's cut of the global batch are refused on every rank",
+          "[robustness][sharded][ranks]") {
+  // The adopter's trap: a batch of 102 cut 51 + 51 for 2 ranks x 2 towers trains another model than one
+  // process with 4 towers does (26/26/25/25: rank 0 needs 52, rank 1 needs 50).
+  const std::size_t ranks = 2;
+  const auto group = thread_process_group::create(static_cast<int>(ranks));
+  std::vector<std::string> failed(ranks);
+  std::vector<batch_part> parts(ranks);
+  std::vector<std::int64_t> steps(ranks);
+  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+    pipeline_options options;
+    options.processes = group[r];
+    sharded_trainer p(rank_variables, inputs, 2, {}, options);
+    const std::vector<float> x = step_inputs(1, 102);
+    batch half;
+    half.add("x", x.data() + 51 * r, 51, {1});
+    failed[r] = error_of([&] { p.step(half, rank_tower); });
+    parts[r] = p.process_part(102);
+    p.step(rank_part(p, x), rank_tower);
+    steps[r] = p.steps_done();
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK(failed[r] ==
+          "towerpipe: step 1: the processes' batches are not one batch of 102 examples cut as one process with all 4 towers "
+          "would cut it: rank 0's towers have 26+25 examples where the cut gives them 26+26; stage each process's part of "
+          "the global batch (pipeline::process_part(102) gives rank 0 52 examples); nothing was updated on any process");
+    CHECK(steps[r] == 1);
+  }
+  CHECK((parts[0].first == 0 && parts[0].examples == 52));
+  CHECK((parts[1].first == 52 && parts[1].examples == 50));
+}
+
+TEST_CASE("over thread ranks, stage() refused on one rank fails every later step on every rank, naming the refusals",
+          "[robustness][sharded][ranks]") {
+  const std::size_t ranks = 2;
+  const auto group = thread_process_group::create(static_cast<int>(ranks));
+  std::vector<std::string> failed(ranks);
+  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+    pipeline_options options;
+    options.processes = group[r];
+    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+    const std::vector<float> x = step_inputs(1, 8);
+    batch wrong;
+    wrong.add("y", x.data(), 4, {1});
+    if (r == 1) CHECK_THROWS(p.stage(wrong));
+    p.stage(rank_part(p, x));
+    failed[r] = error_of([&] { p.step(rank_tower); });
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK_THAT(failed[r], Catch::Contains("rank 1 has 'batches stage() refused: 1' where rank 0 has 'batches stage() refused: 0'"));
+  }
+}
+
+TEST_CASE("over thread ranks, optimizer state set on one rank only stops every rank at the next step",
+          "[robustness][sharded][ranks]") {
+  // As after one rank loaded another checkpoint: the parameters agree, the optimizer state does not.
+  const std::size_t ranks = 2;
+  const auto group = thread_process_group::create(static_cast<int>(ranks));
+  std::vector<std::string> failed(ranks);
+  std::vector<std::string> same_state(ranks);
+  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+    pipeline_options options;
+    options.processes = group[r];
+    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+    const std::vector<float> x = step_inputs(1, 8);
+    std::vector<float> moment(7, 0.5f);
+    moment[3] = r == 1 ? 0.25f : 0.5f;
+    p.set_optimizer_state(0, 1, moment.data(), moment.size());
+    failed[r] = error_of([&] { p.step(rank_part(p, x), rank_tower); });
+    moment[3] = 0.5f;  // now the same everywhere: the step runs
+    p.set_optimizer_state(0, 1, moment.data(), moment.size());
+    same_state[r] = error_of([&] { p.step(rank_part(p, x), rank_tower); });
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK_THAT(failed[r], Catch::Contains("the processes differ at this step, which therefore runs on none: rank 1 has "
+                                          "'optimizer state: set since the last step, digest "));
+    CHECK(same_state[r].empty());
+  }
+}
+
+TEST_CASE("over thread ranks with drop_remainder, a process's batch that leaves examples out of its towers is refused",
+          "[robustness][sharded][ranks]") {
+  const std::size_t ranks = 2;
+  const auto group = thread_process_group::create(static_cast<int>(ranks));
+  std::vector<std::string> failed(ranks);
+  std::vector<batch_part> parts(ranks);
+  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
+    pipeline_options options;
+    options.processes = group[r];
+    options.split = split_policy::drop_remainder;
+    sharded_trainer p(rank_variables, inputs, 2, {}, options);
+    const std::vector<float> x = step_inputs(1, 11);
+    batch b;
+    b.add("x", x.data() + 5 * r, r == 0 ? 5 : 6, {1});
+    failed[r] = error_of([&] { p.step(b, rank_tower); });
+    parts[r] = p.process_part(11);
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK_THAT(failed[r], Catch::Contains("the batch was refused on threads, 2 ranks (rank 0: a batch of 5 examples over "
+                                          "this process's 2 towers leaves 1 out"));
+  }
+  // 11 over 4 towers drops the last 3: rank 0 takes examples 0-3, rank 1 4-7.
+  CHECK((parts[0].first == 0 && parts[0].examples == 4));
+  CHECK((parts[1].first == 4 && parts[1].examples == 4));
 }

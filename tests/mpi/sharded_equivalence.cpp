@@ -10,7 +10,8 @@
 //                construction with the same message naming that rank, the variable and both shapes.
 //   disagree     processes that stop agreeing fail together, with one message: clipping set on one
 //                process only (at construction), a schedule (set_hyper) on one process only, a tower that
-//                throws on rank 0 (nothing updated anywhere, the next step runs on all), the last process
+//                throws on rank 0 (nothing updated anywhere, the next step runs on all), a batch refused on
+//                the last process, batches not cut as one process would cut them, the last process
 //                resumed from an older checkpoint, or afresh with the same step count.
 //   stalled      the last process never joins the pipeline (it sleeps 40 s, as if stuck elsewhere): the
 //                others fail with the deadline's error within seconds (3 s here) instead of hanging, and
@@ -397,6 +398,18 @@ void disagree(const std::shared_ptr<process_group>& group) {
   for (std::size_t v = 0; v < p.variables().count(); ++v)
     check(std::memcmp(before[v].data(), p.parameter(v).data(), before[v].size() * sizeof(float)) == 0, "the failed step changed a parameter");
   step(3);
+  // A batch refused on one process (no inputs at all): every process fails that step alike.
+  const auto step_on = [&](const batch& b) { return p.step(b, [](auto& tower) { return linear_tower(tower); }); };
+  expect_error([&] { step_on(odd_one ? batch() : global_batch(4, examples).slice(4 * static_cast<std::size_t>(rank), 4)); },
+               {"step 4: the batch was refused on", "rank " + std::to_string(processes - 1) + ": ", "nothing was staged or updated on any process"},
+               "a batch refused on one process");
+  // Parts that are not one process's cut of the global batch: rank 0 takes 5, the last process 3.
+  const std::size_t first = rank == 0 ? 0 : 4 * static_cast<std::size_t>(rank) + 1;
+  const std::size_t count = rank == 0 ? 5 : odd_one ? 3 : 4;
+  expect_error([&] { step_on(global_batch(4, examples).slice(first, count)); },
+               {"step 4: the processes' batches are not one batch of " + std::to_string(examples), "rank 0's towers have 5 examples where the cut gives them 4"},
+               "batches cut otherwise than one process would");
+  check(p.steps_done() == 3, "a refused step changed the step count");
   // Resuming: the last process loads an older checkpoint than the others.
   const std::string older = "disagree_older_" + std::to_string(rank) + ".ckpt", newer = "disagree_newer_" + std::to_string(rank) + ".ckpt";
   save_checkpoint(p, older);

@@ -2,6 +2,7 @@
 // towerpipe::error — the one exception type the library throws (README.md, invariant 5).
 // Messages name what went wrong and where: tower, variable, input, shapes.
 
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,13 @@ std::string make_message(const Parts&... parts) {
   std::ostringstream out;
   (out << ... << parts);
   return out.str();
+}
+
+// A double with the 17 significant digits that name it, for texts that must tell every value apart.
+inline std::string exact(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
 }
 
 template <class... Parts>

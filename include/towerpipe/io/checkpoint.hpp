@@ -140,6 +140,11 @@ namespace detail {
 template <class Pipeline>
 std::string checkpoint_bytes(const Pipeline& pipeline) {
   using T = typename Pipeline::value_type;
+  // The window's running sum is not saved: resuming from here would start a new window and shift every
+  // later one.
+  if (pipeline.micro_batches_pending() != 0)
+    detail::fail("checkpoint: not saved in the middle of an accumulation window (", pipeline.micro_batches_pending(), " of ",
+                 pipeline.options().accumulation_steps, " micro-batches averaged): save after a step whose stats.accumulating is false");
   const variable_set& variables = pipeline.variables();
   std::ostringstream header;
   header << "optimizer " << Pipeline::optimizer::name << "\n"

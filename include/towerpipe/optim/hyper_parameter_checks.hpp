@@ -4,7 +4,6 @@
 // Also the text form of hyper-parameters (describe), exact to the last bit, for fingerprints.
 
 #include <cmath>
-#include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -29,11 +28,7 @@ inline void require_beta(const char* optimizer, const char* name, double value) 
 // "lr=0.001 beta1=0.90000000000000002 ...": each value with the 17 significant digits that name a double.
 inline std::string describe_values(std::initializer_list<std::pair<const char*, double>> values) {
   std::string text;
-  for (const auto& [name, value] : values) {
-    char number[32];
-    std::snprintf(number, sizeof number, "%.17g", value);
-    text += (text.empty() ? "" : " ") + std::string(name) + "=" + number;
-  }
+  for (const auto& [name, value] : values) text += (text.empty() ? "" : " ") + std::string(name) + "=" + towerpipe::detail::exact(value);
   return text;
 }
 

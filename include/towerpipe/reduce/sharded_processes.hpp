@@ -11,7 +11,6 @@
 //                           never fall out of step; else the loss over every process's examples.
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -50,13 +49,6 @@ class single_process final : public process_group {
     std::memcpy(out + block_offsets[0], mine, block_bytes[0]);
   }
 };
-
-// A double with the 17 significant digits that name it.
-inline std::string exact(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
-}
 
 // The first difference between every process's text and rank 0's, a line at a time: "rank r has 'x'
 // where rank 0 has 'y'", or nothing when all are equal.
@@ -128,36 +120,42 @@ class sharded_processes {
   std::size_t towers() const { return local_towers_ * static_cast<std::size_t>(size_); }  // over every process
   std::size_t global_tower(std::size_t local) const { return static_cast<std::size_t>(rank_) * local_towers_ + local; }
 
-  // The first collective of a step, before the towers run. `settings`: this process's settings as of
-  // this step, a line each; a difference fails on every process with the same message. Then the
-  // processes' shard sizes, rank-major: every tower's weight examples_i / all examples (as plan_split
-  // computes it in one process); returns this process's towers' weights and sets `examples` to the
-  // count over every process.
-  std::vector<double> agree_before_towers(const std::string& settings, const std::vector<shard>& shards, std::size_t& examples) const {
-    std::string mine(sizeof(std::uint64_t), '\0');
-    const std::uint64_t settings_bytes = settings.size();
-    std::memcpy(mine.data(), &settings_bytes, sizeof settings_bytes);
-    mine += settings;
-    for (const shard& s : shards) {
-      const std::uint64_t count = s.examples;
-      mine.append(reinterpret_cast<const char*>(&count), sizeof count);
-    }
+  // The first collective of a step, before the towers run; every check below fails on every process
+  // with the same message, before anything changes:
+  //   refusal   what refused this process's batch (step(batch, fn)), nothing where it was staged;
+  //   settings  this process's settings as of this step, a line each, which must be the same;
+  //   shards    this process's towers' shards, which must be its part of the global batch as one
+  //             process with every tower would cut it (process_part_of), else the step would differ.
+  // Returns this process's towers' weights examples_i / all examples (as plan_split computes them in
+  // one process) and sets `examples` to the count over every process.
+  std::vector<double> agree_before_towers(std::int64_t step, const std::optional<std::string>& refusal, const std::string& settings,
+                                          const std::vector<shard>& shards, split_policy policy, std::size_t& examples) const {
+    std::string mine;
+    append_text(mine, refusal ? *refusal : std::string());
+    mine += refusal ? 'R' : 'A';  // refused or accepted
+    append_text(mine, settings);
+    for (const shard& s : shards) append_count(mine, s.examples);
     std::vector<std::string> all_settings;
     std::vector<std::uint64_t> counts;
+    std::string refusals;
+    std::size_t rank = 0;
     for (const std::string& bytes : group_->all_gather(mine.data(), mine.size(), "agreeing on the step's settings and shard sizes")) {
-      std::uint64_t length = 0;
-      std::memcpy(&length, bytes.data(), sizeof length);
-      all_settings.push_back(bytes.substr(sizeof length, length));
-      const std::size_t before = counts.size(), count_bytes = bytes.size() - sizeof length - length;
-      counts.resize(before + count_bytes / sizeof(std::uint64_t));
-      std::memcpy(counts.data() + before, bytes.data() + sizeof length + length, count_bytes);
+      std::size_t at = 0;
+      const std::string refused = read_text(bytes, at);
+      if (bytes[at++] == 'R') refusals += make_message(refusals.empty() ? "" : "; ", "rank ", rank, ": ", refused);
+      all_settings.push_back(read_text(bytes, at));
+      while (at < bytes.size()) counts.push_back(read_count(bytes, at));
+      ++rank;
     }
+    if (!refusals.empty())
+      fail("step ", step, ": the batch was refused on ", group_->describe(), " (", refusals, "); nothing was staged or updated on any process");
     const std::string difference = first_difference(all_settings);
     if (!difference.empty())
       fail("reduce::sharded over ", group_->describe(), ": the processes differ at this step, which therefore runs on none: ",
            difference);
     std::uint64_t used = 0;
     for (std::uint64_t c : counts) used += c;
+    check_canonical_cut(step, counts, static_cast<std::size_t>(used), policy);
     examples = static_cast<std::size_t>(used);
     std::vector<double> local;
     for (std::size_t t = 0; t < local_towers_; ++t)
@@ -210,6 +208,43 @@ class sharded_processes {
   }
 
  private:
+  // The processes' shards, rank-major, must be one process's cut of their examples.
+  void check_canonical_cut(std::int64_t step, const std::vector<std::uint64_t>& counts, std::size_t used, split_policy policy) const {
+    const std::vector<shard> cut = plan_split(used, towers(), policy);
+    for (std::size_t t = 0; t < towers(); ++t) {
+      if (counts[t] == cut[t].examples) continue;
+      const std::size_t r = t / local_towers_;
+      std::string staged, expected;
+      std::size_t part = 0;
+      for (std::size_t i = r * local_towers_; i < (r + 1) * local_towers_; ++i) {
+        staged += make_message(staged.empty() ? "" : "+", counts[i]);
+        expected += make_message(expected.empty() ? "" : "+", cut[i].examples);
+        part += cut[i].examples;
+      }
+      fail("step ", step, ": the processes' batches are not one batch of ", used, " examples cut as one process with all ", towers(),
+           " towers would cut it: rank ", r, "'s towers have ", staged, " examples where the cut gives them ", expected,
+           "; stage each process's part of the global batch (pipeline::process_part(", used, ") gives rank ", r, " ", part,
+           " examples); nothing was updated on any process");
+    }
+  }
+
+  static void append_text(std::string& bytes, const std::string& text) {
+    append_count(bytes, text.size());
+    bytes += text;
+  }
+  static void append_count(std::string& bytes, std::uint64_t count) { bytes.append(reinterpret_cast<const char*>(&count), sizeof count); }
+  static std::uint64_t read_count(const std::string& bytes, std::size_t& at) {
+    std::uint64_t count = 0;
+    std::memcpy(&count, bytes.data() + at, sizeof count);
+    at += sizeof count;
+    return count;
+  }
+  static std::string read_text(const std::string& bytes, std::size_t& at) {
+    const std::size_t length = static_cast<std::size_t>(read_count(bytes, at));
+    at += length;
+    return bytes.substr(at - length, length);
+  }
+
   void check_fingerprint(const std::vector<std::string>& lines) const {
     std::string text;
     for (const std::string& line : lines) text += line + '\n';

@@ -1,7 +1,10 @@
 #pragma once
 // A timeline of pipeline steps in Chrome's trace format (chrome://tracing, Perfetto): one row per tower
-// ("tower 0", ...) and one per pipeline stage ("split", "reduce"), each span tagged with its step. Give a pipeline a timeline through pipeline_options::trace; with none (the
-// default) nothing is recorded and a step pays one pointer test per stage.
+// ("tower 0", ...) and one per pipeline stage ("split", "reduce"), each span tagged with its step. Give
+// a pipeline a timeline through pipeline_options::trace; with none (the default) nothing is recorded
+// and a step pays one pointer test per stage. pause()/resume() limit it to some steps, clear() drops
+// what it holds. Across processes (reduce::sharded) the pipeline numbers the tower rows globally and
+// gives the file its rank's pid, so that the ranks' files can be loaded together.
 //
 // Times are host clock times (steady_clock, microseconds since the timeline was made). For GPU towers
 // the "tower i" rows show the tower function enqueueing its work on the host, and rows "tower i (GPU)"
@@ -11,6 +14,7 @@
 // (cuda/nvtx.cuh), which Nsight Systems shows beside the kernels.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstdint>
@@ -36,12 +40,31 @@ class timeline {
 
   timeline() : origin_(clock::now()) {}
 
-  // Thread-safe: towers record from their own threads.
+  // Thread-safe: towers record from their own threads. Nothing is kept while paused.
   void record(const std::string& row, const std::string& name, clock::time_point start, clock::time_point end,
               std::int64_t step) {
-    const span s{row, name, microseconds(start), std::chrono::duration<double, std::micro>(end - start).count(), step};
+    if (!recording()) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    spans_.push_back(s);
+    spans_.push_back({global_row(row), name, microseconds(start), std::chrono::duration<double, std::micro>(end - start).count(), step});
+  }
+
+  // Between steps, to trace only some of them.
+  void pause() { recording_ = false; }
+  void resume() { recording_ = true; }
+  bool recording() const { return recording_; }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spans_.clear();
+  }
+
+  // This timeline records process `rank` of `processes`, whose tower t is tower first_tower + t over
+  // all processes: its tower rows carry global numbers, its file pid rank + 1 and the process name
+  // "rank r of n". The pipeline calls it when pipeline_options::processes is set.
+  void set_process(int rank, int processes, std::size_t first_tower) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    rank_ = rank;
+    processes_ = processes;
+    first_tower_ = first_tower;
   }
 
   std::vector<span> spans() const {
@@ -76,16 +99,20 @@ class timeline {
     }
     std::sort(rows.begin(), rows.end(), row_before);
     std::ofstream out(path);
+    const int pid = rank_ + 1;
     out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+    if (processes_ > 1)
+      out << "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"args\": {\"name\": \"rank " << rank_
+          << " of " << processes_ << "\"}},\n";
     for (std::size_t r = 0; r < rows.size(); ++r) {
-      out << "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": " << r << ", \"args\": {\"name\": \""
-          << rows[r] << "\"}},\n";
-      out << "  {\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": " << r
+      out << "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"tid\": " << r
+          << ", \"args\": {\"name\": \"" << rows[r] << "\"}},\n";
+      out << "  {\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": " << pid << ", \"tid\": " << r
           << ", \"args\": {\"sort_index\": " << r << "}},\n";
     }
     for (std::size_t i = 0; i < all.size(); ++i) {
       const span& s = all[i];
-      out << "  {\"name\": \"" << s.name << "\", \"ph\": \"X\", \"pid\": 1, \"tid\": " << row_index(rows, s.row)
+      out << "  {\"name\": \"" << s.name << "\", \"ph\": \"X\", \"pid\": " << pid << ", \"tid\": " << row_index(rows, s.row)
           << ", \"ts\": " << s.start_us << ", \"dur\": " << s.duration_us << ", \"args\": {\"step\": " << s.step << "}}"
           << (i + 1 < all.size() ? ",\n" : "\n");
     }
@@ -95,6 +122,14 @@ class timeline {
   }
 
  private:
+  // "tower 3 (GPU)" of rank 1 with 4 towers a process is "tower 7 (GPU)".
+  std::string global_row(const std::string& row) const {
+    if (first_tower_ == 0 || row.rfind("tower ", 0) != 0) return row;
+    char* end = nullptr;
+    const unsigned long local = std::strtoul(row.c_str() + 6, &end, 10);
+    return "tower " + std::to_string(first_tower_ + local) + end;
+  }
+
   double microseconds(clock::time_point t) const { return std::chrono::duration<double, std::micro>(t - origin_).count(); }
   static std::size_t row_index(const std::vector<std::string>& rows, const std::string& row) {
     std::size_t i = 0;
@@ -103,6 +138,9 @@ class timeline {
   }
 
   clock::time_point origin_;
+  std::atomic<bool> recording_{true};
+  int rank_ = 0, processes_ = 1;
+  std::size_t first_tower_ = 0;
   mutable std::mutex mutex_;
   std::vector<span> spans_;
 };
