@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the README's benchmark table (Markdown) from one run's JSON, with each target of the benchmark
+"""Prints a results folder's benchmark table (Markdown) from one run's JSON, with each target of the benchmark
 issue checked against the figures of that run.
 
     python3 benchmarks/table.py RESULTS_DIR

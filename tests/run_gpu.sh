@@ -8,7 +8,7 @@
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck (2 towers, time-limited), and
 #             memcheck of reduce::sharded across processes (one rank, staged)
 #   bench     the benchmarks (BENCH=quick for the quick subset), the PyTorch anchors where .device/anchors
-#             holds them, and table.md: the README's table with every target checked
+#             holds them, and table.md: the results table with every target checked
 #   train     the training program on GPU towers: --compare-backends (every backend and layout, one
 #             table, equal checksums) for the MLP at 1, 2 and 4 towers and for the CNN (cuDNN) at 2, and
 #             timelines of p2p_tree, sharded and host (Fashion-MNIST where .device/fashion-mnist holds its .gz files; 2 epochs of the MLP
