@@ -75,7 +75,8 @@ if wanted test; then
   # reduce::sharded with GPU towers across processes, against one process bitwise: two ranks sharing the
   # GPU through pinned host memory (L = 2: partials; L = 3: every tower's product), NCCL with one rank
   # (NCCL refuses two ranks on one GPU), the towers' buffers copied (as without peer access), and a
-  # mismatched rank refused on both.
+  # mismatched rank refused on both, and two ranks that stop agreeing failing together (staged: NCCL's
+  # one rank cannot disagree with itself).
   if [ -x build/gpu/tests/towerpipe_gpu_mpi_tests ]; then
     mpirun=(mpirun --allow-run-as-root --oversubscribe)
     step mpi_gpu_staged "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests equal 2
@@ -83,6 +84,7 @@ if wanted test; then
     step mpi_gpu_nccl "${mpirun[@]}" -np 1 build/gpu/tests/towerpipe_gpu_mpi_tests nccl 4
     step mpi_gpu_copied "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests copied 2
     step mpi_gpu_mismatch "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests mismatch
+    step mpi_gpu_disagree "${mpirun[@]}" -np 2 build/gpu/tests/towerpipe_gpu_mpi_tests disagree
   else
     echo "towerpipe_gpu_mpi_tests not built (no MPI or no NCCL found)" >>"$out/summary.txt"
   fi

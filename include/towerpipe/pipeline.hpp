@@ -268,14 +268,15 @@ class pipeline {
 
   // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
   // At most two batches may wait: the one the next step uses and the one after.
-  // Across processes a refusal here is this process's alone: the next step fails on every process,
-  // naming the refusals each made (use step(batch, fn), whose refusal every process shares).
+  // Across processes a refusal here is held against the next step, which then fails on every process
+  // and drops every staged batch everywhere, so that the processes' batches stay in step.
   void stage(const batch& examples) {
     const exclusive_call call(busy_, "stage");
     try {
       stage_held(examples);
-    } catch (const error&) {
-      ++stage_refusals_;
+    } catch (...) {
+      if (across_processes() && !stage_refused_)
+        stage_refused_ = "stage() refused a batch since the last step: " + detail::current_exception_text();
       throw;
     }
   }
@@ -290,9 +291,9 @@ class pipeline {
       if (towers_->staged() != 0)
         detail::fail("step(batch, fn) with a batch staged already would run on that one: call step(fn)");
       stage_held(examples);
-    } catch (const error& e) {
-      if constexpr (detail::reducer_spans_processes<reducer_type>::value) refuse_on_every_process(e.message());
-      throw;
+    } catch (...) {
+      if (!across_processes()) throw;
+      refuse_on_every_process(detail::current_exception_text());
     }
     const double staging = seconds_since(start);
     step_stats stats = step_held(fn);
@@ -336,13 +337,12 @@ class pipeline {
     const auto start = clock::now();
     if (towers_->staged() >= 2) detail::fail("two batches are staged already: call step(fn) before staging more");
     examples.check_against(inputs_);
-    if (detail::reducer_spans_processes<reducer_type>::value && options_.split == split_policy::drop_remainder &&
-        examples.examples() % towers() != 0)
+    if (across_processes() && options_.split == split_policy::drop_remainder && examples.examples() % towers() != 0)
       detail::fail("a batch of ", examples.examples(), " examples over this process's ", towers(), " towers leaves ",
                    examples.examples() % towers(), " out: across processes each stages exactly its part of the global batch ",
                    "(pipeline::process_part), so that the examples dropped are the global batch's last");
     const std::int64_t consuming_step = steps_done_ + static_cast<std::int64_t>(towers_->staged()) + 1;
-    if (consuming_step > max_steps) fail_past_max_steps();
+    if (consuming_step > max_steps) detail::fail(past_max_steps);
     towers_->stage(examples, plan_split(examples.examples(), towers(), options_.split));
     staging_seconds_.push_back(seconds_since(start));
     tracer_.span("check + split + stage", start, clock::now(), consuming_step, "split");
@@ -350,8 +350,13 @@ class pipeline {
 
   template <class TowerFn>
   step_stats step_held(TowerFn& fn) {
-    if (towers_->staged() == 0) detail::fail("step(fn) needs a staged batch: call stage(batch) or step(batch, fn)");
-    if (steps_done_ == max_steps) fail_past_max_steps();
+    if (across_processes()) {  // what this process cannot do, every process must hear of
+      if (stage_refused_) refuse_on_every_process(*stage_refused_);
+      if (towers_->staged() == 0) refuse_on_every_process(no_staged_batch);
+      if (steps_done_ == max_steps) refuse_on_every_process(past_max_steps);
+    }
+    if (towers_->staged() == 0) detail::fail(no_staged_batch);
+    if (steps_done_ == max_steps) detail::fail(past_max_steps);
     step_stats stats;
     const auto start = clock::now();
     const std::vector<shard> shards = towers_->next_shards();  // a copy: run() consumes the staged batch
@@ -361,7 +366,10 @@ class pipeline {
     try {
       exact_weights = tower_weights(shards, stats);
     } catch (...) {
-      towers_->discard_next();  // refused before the towers ran: the batch goes, as after a failed step
+      // Refused before the towers ran: the batch goes, as after a failed step; across processes every
+      // staged batch goes, as on the process that refused (refuse_on_every_process).
+      towers_->discard_next();
+      if (across_processes()) drop_staged();
       throw;
     }
     std::vector<value_type> weights;
@@ -422,12 +430,34 @@ class pipeline {
   }
 
 
-  // This process refused step(batch, fn)'s batch: it joins the step's first collective with its refusal,
-  // which fails the step on every process alike (the others discard the batch they staged).
+  // Whether steps span several processes (reduce::sharded given pipeline_options::processes).
+  bool across_processes() const {
+    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
+      return reducer_->processes().size() > 1;
+    } else {
+      return false;
+    }
+  }
+
+  // This process cannot take part in the step (its batch was refused, it has none): it joins the step's
+  // first collective with the reason, which fails the step on every process alike, and drops every
+  // staged batch, as every other process does (step_held), so that the next batches line up again.
   [[noreturn]] void refuse_on_every_process(const std::string& refusal) {
-    std::size_t examples = 0;
-    reducer_->processes().agree_before_towers(steps_done_ + 1, refusal, step_settings(), {}, options_.split, examples);
-    detail::fail(refusal);  // not reached: a refusal fails the collective
+    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
+      try {
+        std::size_t examples = 0;
+        reducer_->processes().agree_before_towers(steps_done_ + 1, refusal, step_settings(), {}, options_.split, examples);
+      } catch (...) {
+        drop_staged();
+        throw;
+      }
+    }
+    detail::fail(refusal);  // not reached across processes: a refusal fails the collective
+  }
+  void drop_staged() {
+    while (towers_->staged() > 0) towers_->discard_next();
+    staging_seconds_.clear();
+    stage_refused_.reset();
   }
 
   // The towers on this step's batch, their losses, and the loss weighted by `weights`. Across processes
@@ -444,12 +474,8 @@ class pipeline {
       std::optional<std::string> failure;
       try {
         stats.tower_loss = towers_->run(fn, steps_done_ + 1);
-      } catch (const error& e) {
-        failure = e.message();
-      } catch (const std::exception& e) {
-        failure = e.what();
       } catch (...) {
-        failure = "a tower threw something that is not a std::exception";
+        failure = detail::current_exception_text();
       }
       stats.loss = reducer_->processes().agree_after_towers(steps_done_ + 1, failure ? 0.0 : weighted_loss(), failure);
     } else {
@@ -465,8 +491,7 @@ class pipeline {
   std::string step_settings() const {
     std::string text = detail::make_message("step: ", steps_done_ + 1, "\noptimizer: ", Optim::describe(hyper_parameters_),
                                             "\nloss scale: ", detail::exact(loss_scale_), ", good steps ", good_steps_,
-                                            "\nmicro-batch: ", micro_batch_ + 1, "\nbatches stage() refused: ", stage_refusals_,
-                                            "\nparameters: ");
+                                            "\nmicro-batch: ", micro_batch_ + 1, "\nparameters: ");
     if (!parameters_set_) {
       text += "unchanged";
     } else {
@@ -570,9 +595,9 @@ class pipeline {
     good_steps_ = 0;
   }
 
-  [[noreturn]] static void fail_past_max_steps() {
-    detail::fail("the pipeline has done 2^53 steps, the most it counts (bias corrections take the step as a double)");
-  }
+  static constexpr const char* past_max_steps =
+      "the pipeline has done 2^53 steps, the most it counts (bias corrections take the step as a double)";
+  static constexpr const char* no_staged_batch = "step(fn) needs a staged batch: call stage(batch) or step(batch, fn)";
 
   // A scale every step can use: a positive normal float (0 or a subnormal would skip every step after it,
   // or lose the gradients' bits); a good-step count the next finite step can raise without overflow.
@@ -676,7 +701,7 @@ class pipeline {
   std::int64_t steps_done_ = 0;
   // (slot, variable) -> digest of the optimizer state values last set there since the last step.
   std::map<std::pair<std::size_t, std::size_t>, std::uint64_t> state_set_;
-  std::int64_t stage_refusals_ = 0;            // by stage(): across processes every process must have as many
+  std::optional<std::string> stage_refused_;  // across processes: what stage() refused since the last step
   bool parameters_set_ = false;  // since the last step: the processes compare a digest (step_settings)
   std::atomic<bool> busy_{false};
   float loss_scale_ = 1.0f;      // pipeline_options::loss_scale; a float, as GradScaler's

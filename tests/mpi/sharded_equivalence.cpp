@@ -358,6 +358,7 @@ void expect_error(F&& f, const std::vector<std::string>& parts, const std::strin
 // Processes that stop agreeing, and one whose towers fail: every process fails the same step with the
 // same message, nothing changes anywhere, and the next step runs on all of them.
 void disagree(const std::shared_ptr<process_group>& group) {
+  check(processes >= 2, "disagree needs two processes or more");
   using sharded_type = pipeline<sharded_exec, reduce::sharded, optim::adam, layout::flat<float>>;
   const bool odd_one = rank == processes - 1;
   pipeline_options options;
@@ -401,7 +402,7 @@ void disagree(const std::shared_ptr<process_group>& group) {
   // A batch refused on one process (no inputs at all): every process fails that step alike.
   const auto step_on = [&](const batch& b) { return p.step(b, [](auto& tower) { return linear_tower(tower); }); };
   expect_error([&] { step_on(odd_one ? batch() : global_batch(4, examples).slice(4 * static_cast<std::size_t>(rank), 4)); },
-               {"step 4: the batch was refused on", "rank " + std::to_string(processes - 1) + ": ", "nothing was staged or updated on any process"},
+               {"step 4: the batch was refused on", "rank " + std::to_string(processes - 1) + ": ", "nothing was updated, and no batch stays staged, on any process"},
                "a batch refused on one process");
   // Parts that are not one process's cut of the global batch: rank 0 takes 5, the last process 3.
   const std::size_t first = rank == 0 ? 0 : 4 * static_cast<std::size_t>(rank) + 1;

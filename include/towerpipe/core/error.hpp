@@ -3,6 +3,7 @@
 // Messages name what went wrong and where: tower, variable, input, shapes.
 
 #include <cstdio>
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,20 @@ inline std::string exact(double value) {
   char text[32];
   std::snprintf(text, sizeof text, "%.17g", value);
   return text;
+}
+
+// The text of the exception being handled (call it inside a catch block): a towerpipe::error's message
+// without its prefix, a std::exception's what(), or a note that it was neither.
+inline std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
 }
 
 template <class... Parts>

@@ -374,7 +374,7 @@ struct reducer_for<exec::cuda, reduce::sharded, Optim, Layout> {
   // Here, where the pair is chosen, so that this is the first message rather than a missing member.
   static_assert(std::is_same<typename Layout::value_type, master_type_t<typename Layout::value_type>>::value,
                 "towerpipe: reduce::sharded with 16-bit GPU towers (mixed precision) is not supported yet; use "
-                "reduce::device0 or reduce::p2p_tree, or reduce::sharded with exec::host");
+                "reduce::device0, or reduce::sharded with exec::host");
   using type = detail::sharded_gpu_reducer<Optim, Layout>;
 };
 

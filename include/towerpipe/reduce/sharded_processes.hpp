@@ -148,7 +148,7 @@ class sharded_processes {
       ++rank;
     }
     if (!refusals.empty())
-      fail("step ", step, ": the batch was refused on ", group_->describe(), " (", refusals, "); nothing was staged or updated on any process");
+      fail("step ", step, ": the batch was refused on ", group_->describe(), " (", refusals, "); nothing was updated, and no batch stays staged, on any process");
     const std::string difference = first_difference(all_settings);
     if (!difference.empty())
       fail("reduce::sharded over ", group_->describe(), ": the processes differ at this step, which therefore runs on none: ",

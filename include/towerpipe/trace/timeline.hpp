@@ -92,18 +92,25 @@ class timeline {
   // Writes {"traceEvents": [...]}: a thread_name and a thread_sort_index record per row (rows in
   // row_before's order), then one complete ("X") event per span.
   void write_chrome_trace(const std::string& path) const {
-    const std::vector<span> all = spans();
+    std::vector<span> all;
+    int rank = 0, processes = 1;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      all = spans_;
+      rank = rank_;
+      processes = processes_;
+    }
     std::vector<std::string> rows;
     for (const span& s : all) {
       if (row_index(rows, s.row) == rows.size()) rows.push_back(s.row);
     }
     std::sort(rows.begin(), rows.end(), row_before);
     std::ofstream out(path);
-    const int pid = rank_ + 1;
+    const int pid = rank + 1;
     out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-    if (processes_ > 1)
-      out << "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"args\": {\"name\": \"rank " << rank_
-          << " of " << processes_ << "\"}},\n";
+    if (processes > 1)
+      out << "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"args\": {\"name\": \"rank " << rank
+          << " of " << processes << "\"}},\n";
     for (std::size_t r = 0; r < rows.size(); ++r) {
       out << "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"tid\": " << r
           << ", \"args\": {\"name\": \"" << rows[r] << "\"}},\n";
