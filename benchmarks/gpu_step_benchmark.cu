@@ -103,7 +103,7 @@ struct floors {
   int devices;  // visible: towers share them round-robin
 };
 
-// checked: the two passes of a checked step (reduce/screen.hpp: screen, then apply) instead of the
+// checked: the two passes of a checked step (programs/screen.hpp: screen, then apply) instead of the
 // single fused one; the floor adds their extra bytes (screen_bytes).
 template <class Reduce, class Optim, class Layout>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,

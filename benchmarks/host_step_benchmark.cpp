@@ -2,7 +2,7 @@
 // floor, measured in the same run: a STREAM-like triad on the same number of threads. Prints a table
 // and writes every figure as JSON. --quick runs a small subset in seconds (CI runs it). Backend "host" is
 // the single fused pass (on_nonfinite = unchecked); "host checked" the default checked step (screen,
-// then apply: reduce/screen.hpp), whose floor has the average's write and read on top; "host bf16" the
+// then apply: programs/screen.hpp), whose floor has the average's write and read on top; "host bf16" the
 // mixed-precision step (bf16 towers, fp32 master and state), whose floor counts 2-byte gradients;
 // "sharded" reduce::sharded in one process (unchecked; average+apply and the gather of the parameters),
 // against the same floor as "host": the bytes the job needs, not the slicing's extra copies, so its

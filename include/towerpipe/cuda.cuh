@@ -9,4 +9,4 @@
 #include "towerpipe/reduce/device0.cuh"
 #include "towerpipe/reduce/host_for_cuda.cuh"
 #include "towerpipe/reduce/p2p_tree.cuh"
-#include "towerpipe/reduce/sharded_for_cuda.cuh"
+#include "towerpipe/reduce/sharded/gpu_towers.cuh"

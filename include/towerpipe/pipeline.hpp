@@ -29,9 +29,7 @@
 #include <deque>
 #include <exception>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,14 +44,19 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/layout/batch.hpp"
-#include "towerpipe/pipeline_options.hpp"
 #include "towerpipe/exec/towers_contract.hpp"
+#include "towerpipe/programs/screen.hpp"
 #include "towerpipe/reduce/reducer_contract.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/reduce/screen.hpp"
-#include "towerpipe/reduce/sharded_processes.hpp"
-#include "towerpipe/split.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/accumulation_window.hpp"
+#include "towerpipe/step/changes_since_step.hpp"
+#include "towerpipe/step/exclusive_call.hpp"
+#include "towerpipe/step/loss_scaler.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/step/split.hpp"
+#include "towerpipe/step/stats.hpp"
+#include "towerpipe/step/validate.hpp"
 #include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {
@@ -90,7 +93,7 @@ class pipeline {
   using reducer_type = typename reducer_for<Exec, Reduce, Optim, Layout>::type;
   using tower_context = typename towers_type::context;
   static_assert(detail::check_towers_contract<towers_type>());
-  static_assert(detail::check_reducer_contract<reducer_type, towers_type, Optim, value_type>());
+  static_assert(detail::check_reducer_contract<reducer_type, towers_type, Optim, value_type, mixed_precision>());
 
   pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
            const pipeline_options& options = {})
@@ -98,15 +101,16 @@ class pipeline {
         inputs_(std::move(inputs)),
         options_(options),
         tracer_(options.trace),
-        hyper_parameters_(checked(h)) {
+        hyper_parameters_(validated(h)),
+        loss_scaler_(options.loss_scale),
+        window_(options.accumulation_steps) {
     if (towers == 0) detail::fail("a pipeline needs at least one tower");
     if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
-    check_input_specs(inputs_);
-    check_options(options_, towers, variables_->count());
+    detail::validate(inputs_);
+    detail::validate(options_, towers, variables_->count(), checked_steps(options_));
     if (options_.processes && !detail::reducer_spans_processes<reducer_type>::value)
       detail::fail("pipeline_options::processes is set, but reduce::", Reduce::name, " does not span processes: each process would ",
                    "train alone on its own shards; use reduce::sharded, or leave processes empty");
-    if (options_.loss_scale.mode != loss_scale_mode::off) loss_scale_ = static_cast<float>(options_.loss_scale.initial_scale);
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = make_reducer();
     if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
@@ -125,7 +129,7 @@ class pipeline {
   std::int64_t steps_done() const { return steps_done_; }
   // Micro-batches of the open accumulation window already averaged (pipeline_options::
   // accumulation_steps); 0 between optimizer steps, where checkpoints are taken.
-  std::size_t micro_batches_pending() const { return micro_batch_; }
+  std::size_t micro_batches_pending() const { return window_.pending(); }
 
   // The towers themselves (exec/towers_contract.hpp: replicas, gradients, streams), for users who need
   // more than the step interface (a GPU tower's stream between steps, say).
@@ -135,11 +139,11 @@ class pipeline {
   const hyper_parameters& hyper() const { return hyper_parameters_; }
   // For schedules: takes effect from the next step; validated first, so a bad value changes nothing.
   void set_hyper(const hyper_parameters& h) {
-    const exclusive_call call(busy_, "set_hyper");
+    const detail::exclusive_call call(busy_, "set_hyper");
     if (Optim::state_slots(h) != Optim::state_slots(hyper_parameters_))
       detail::fail(Optim::name, ": new hyper-parameters need ", Optim::state_slots(h),
                    " optimizer state slot(s), the pipeline was built with ", Optim::state_slots(hyper_parameters_));
-    hyper_parameters_ = checked(h);
+    hyper_parameters_ = validated(h);
   }
 
   // Parameters as the towers see them, read-only between steps (copied to the host where they live on
@@ -156,7 +160,7 @@ class pipeline {
 
   // Sets a variable's parameters on every tower.
   void set_parameter(std::size_t index, const value_type* values, std::size_t count) {
-    const exclusive_call call(busy_, "set_parameter");
+    const detail::exclusive_call call(busy_, "set_parameter");
     set_parameter_held(index, values, count);
   }
   void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
@@ -188,7 +192,7 @@ class pipeline {
       towers_->set_parameter(index, values);
     }
     if constexpr (detail::reducer_has_parameter_set<reducer_type>::value) reducer_->parameter_set(index, values);
-    parameters_set_ = true;
+    changes_.parameters_set();
   }
   void set_optimizer_state_held(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
     check_state_slot(slot, index);
@@ -197,7 +201,7 @@ class pipeline {
                    " values; it holds ", (*variables_)[index].size);
     reducer_->set_state(slot, index, values);
     // Each process's own record of what it set (a sharded process holds only its slice of the state).
-    state_set_[{slot, index}] = fnv1a(values, count * sizeof(value_type));
+    changes_.state_set(slot, index, values, count * sizeof(value_type));
   }
 
  public:
@@ -218,25 +222,23 @@ class pipeline {
     return reducer_->state_on_host(slot, index);
   }
   void set_optimizer_state(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
-    const exclusive_call call(busy_, "set_optimizer_state");
+    const detail::exclusive_call call(busy_, "set_optimizer_state");
     set_optimizer_state_held(slot, index, values, count);
   }
 
   // The loss scale the tower functions multiply their loss by (1 when loss scaling is off), and the
   // count of good steps towards its next growth; both for checkpoints and schedules.
-  double loss_scale() const { return loss_scale_; }
-  bool loss_scaling_on() const { return options_.loss_scale.mode != loss_scale_mode::off; }
-  std::int64_t loss_scale_good_steps() const { return good_steps_; }
+  double loss_scale() const { return loss_scaler_.scale(); }
+  bool loss_scaling_on() const { return loss_scaler_.on(); }
+  std::int64_t loss_scale_good_steps() const { return loss_scaler_.good_steps(); }
   void set_loss_scale(double scale, std::int64_t good_steps = 0) {
-    const exclusive_call call(busy_, "set_loss_scale");
-    check_loss_scale(scale, good_steps);
-    loss_scale_ = static_cast<float>(scale);
-    good_steps_ = good_steps;
+    const detail::exclusive_call call(busy_, "set_loss_scale");
+    loss_scaler_.set(scale, good_steps);
   }
 
   // For resuming from a checkpoint: the next step is step + 1 (bias corrections depend on it).
   void restore_steps_done(std::int64_t steps) {
-    const exclusive_call call(busy_, "restore_steps_done");
+    const detail::exclusive_call call(busy_, "restore_steps_done");
     check_step_count(steps);
     steps_done_ = steps;
   }
@@ -246,11 +248,11 @@ class pipeline {
   // then each state slot's values likewise. `loss_scale`: the scale and its good-step count, or none
   // (a file from before loss scaling was saved): the configured initial scale.
   void restore_state(const value_type* values, std::int64_t steps, std::optional<std::pair<double, std::int64_t>> loss_scale) {
-    const exclusive_call call(busy_, "restore_state");
+    const detail::exclusive_call call(busy_, "restore_state");
     check_step_count(steps);
     if (loss_scaling_on()) {
-      if (!loss_scale) loss_scale = std::make_pair(options_.loss_scale.initial_scale, std::int64_t(0));
-      check_loss_scale(loss_scale->first, loss_scale->second);
+      if (!loss_scale) loss_scale = std::make_pair(loss_scaler_.initial_scale(), std::int64_t(0));
+      loss_scaler_.check(loss_scale->first, loss_scale->second);
     }
     const std::size_t total = variables_->total_size();
     for (std::size_t v = 0, offset = 0; v < variables_->count(); offset += (*variables_)[v++].size)
@@ -260,10 +262,7 @@ class pipeline {
         set_optimizer_state_held(slot, v, values + offset, (*variables_)[v].size);
     }
     steps_done_ = steps;
-    if (loss_scaling_on()) {
-      loss_scale_ = static_cast<float>(loss_scale->first);
-      good_steps_ = loss_scale->second;
-    }
+    if (loss_scaling_on()) loss_scaler_.set(loss_scale->first, loss_scale->second);
   }
 
   // Checks a batch against the declared inputs, splits it and hands it to the towers (see the top).
@@ -271,7 +270,7 @@ class pipeline {
   // Across processes a refusal here is held against the next step, which then fails on every process
   // and drops every staged batch everywhere, so that the processes' batches stay in step.
   void stage(const batch& examples) {
-    const exclusive_call call(busy_, "stage");
+    const detail::exclusive_call call(busy_, "stage");
     try {
       stage_held(examples);
     } catch (...) {
@@ -285,7 +284,7 @@ class pipeline {
   // processes (reduce::sharded) a batch refused on one process fails the step on every process alike.
   template <class TowerFn>
   step_stats step(const batch& examples, TowerFn&& fn) {
-    const exclusive_call call(busy_, "step");
+    const detail::exclusive_call call(busy_, "step");
     const auto start = clock::now();
     try {
       if (towers_->staged() != 0)
@@ -306,7 +305,7 @@ class pipeline {
   // mean gradient of every variable over its shard and returns its loss (anything convertible to double).
   template <class TowerFn>
   step_stats step(TowerFn&& fn) {
-    const exclusive_call call(busy_, "step");
+    const detail::exclusive_call call(busy_, "step");
     return step_held(fn);
   }
 
@@ -380,7 +379,7 @@ class pipeline {
     const auto reduce_start = clock::now();
     const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
     stats.step = steps_done_ + 1;
-    if (checked(options_)) {
+    if (checked_steps(options_)) {
       average_screen_and_apply(weights, constants, stats);
     } else {
       reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
@@ -398,7 +397,7 @@ class pipeline {
     return stats;
   }
 
-  static bool checked(const pipeline_options& options) { return detail::takes_checked_steps(options, mixed_precision); }
+  static bool checked_steps(const pipeline_options& options) { return detail::takes_checked_steps(options, mixed_precision); }
 
   // Reducers that need the options (reduce::sharded: the process group) take them as a fourth argument.
   std::unique_ptr<reducer_type> make_reducer() {
@@ -412,14 +411,13 @@ class pipeline {
 
   // The towers' weights w_i = examples_i / all examples; with several processes (reduce::sharded) every
   // process's shards count, stats.examples becomes their total, and the processes first agree on this
-  // step's settings (reduce/sharded_processes.hpp).
+  // step's settings (reduce/sharded/processes.hpp).
   std::vector<double> tower_weights(const std::vector<shard>& shards, step_stats& stats) {
     std::vector<double> weights;
     if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
       weights = reducer_->processes().agree_before_towers(steps_done_ + 1, std::nullopt, step_settings(), shards,
                                                           options_.split, stats.examples);
-      parameters_set_ = false;
-      state_set_.clear();
+      changes_.clear();
     } else {
       for (const shard& s : shards) {
         weights.push_back(s.weight);
@@ -462,7 +460,7 @@ class pipeline {
 
   // The towers on this step's batch, their losses, and the loss weighted by `weights`. Across processes
   // every process learns whether every process's towers succeeded: a failure on one is an error on all,
-  // with the same message, before anything is updated (reduce/sharded_processes.hpp).
+  // with the same message, before anything is updated (reduce/sharded/processes.hpp).
   template <class TowerFn>
   void run_towers(TowerFn& fn, const std::vector<double>& weights, step_stats& stats) {
     const auto weighted_loss = [&] {
@@ -490,64 +488,48 @@ class pipeline {
   // that a process that resumed other state, or none, stops every process.
   std::string step_settings() const {
     std::string text = detail::make_message("step: ", steps_done_ + 1, "\noptimizer: ", Optim::describe(hyper_parameters_),
-                                            "\nloss scale: ", detail::exact(loss_scale_), ", good steps ", good_steps_,
-                                            "\nmicro-batch: ", micro_batch_ + 1, "\nparameters: ");
-    if (!parameters_set_) {
-      text += "unchanged";
-    } else {
+                                            "\nloss scale: ", detail::exact(loss_scaler_.scale()), ", good steps ", loss_scaler_.good_steps(),
+                                            "\nmicro-batch: ", window_.micro_batch(), "\n");
+    return text + changes_.describe([&] {
       std::uint64_t digest = fnv1a_basis;
       for (std::size_t v = 0; v < variables_->count(); ++v) {
         const tensor_view<const value_type> values = parameter(v);
         digest = fnv1a(values.data(), values.size() * sizeof(value_type), digest);
       }
-      text += "set since the last step, digest " + hex(digest);
-    }
-    text += "\noptimizer state: ";
-    if (state_set_.empty()) return text + "unchanged";
-    std::uint64_t digest = fnv1a_basis;
-    for (const auto& [where, values] : state_set_) {
-      const std::uint64_t record[3] = {where.first, where.second, values};
-      digest = fnv1a(record, sizeof record, digest);
-    }
-    return text + "set since the last step, digest " + hex(digest);
-  }
-  static std::string hex(std::uint64_t digest) {
-    char text[17];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
-    return text;
+      return digest;
+    });
   }
 
-  // A checked step (reduce/screen.hpp): average and screen; skip or throw on a non-finite average;
+  // A checked step (programs/screen.hpp): average and screen; skip or throw on a non-finite average;
   // clip; apply.
   void average_screen_and_apply(const std::vector<value_type>& weights,
                                 const typename Optim::template step_constants<value_type>& constants, step_stats& stats) {
     // Unscaling folded into the weights: (w * 2^-k) * g rounds as 2^-k * (w * g) does.
-    stats.loss_scale = loss_scale_;
+    stats.loss_scale = loss_scaler_.scale();
     std::vector<value_type> unscaled(weights);
-    if (options_.loss_scale.mode != loss_scale_mode::off) {
-      const auto inverse = static_cast<value_type>(1.0 / loss_scale_);  // torch: scale.double().reciprocal().float()
+    if (loss_scaler_.on()) {
+      const auto inverse = static_cast<value_type>(1.0 / loss_scaler_.scale());  // torch: scale.double().reciprocal().float()
       for (value_type& w : unscaled) w = w * inverse;
     }
-    const detail::accumulation<value_type> window = accumulation_for(stats);
+    stats.micro_batch = window_.micro_batch();
+    const detail::accumulation<value_type> window = window_.place<value_type>(stats.examples);
     detail::screen_partials screen;
     try {
       screen = reducer_->screen_average(*towers_, unscaled, window, stats.stages);
     } catch (...) {
-      reset_accumulation();  // the running sum may be half written: the window starts again
+      window_.reset();  // the running sum may be half written: the window starts again
       throw;
     }
-    const detail::nonfinite_key first_nonfinite = std::min(screen.first_nonfinite, pending_nonfinite_);
     if (!window.last) {
       stats.accumulating = true;
-      ++micro_batch_;
-      accumulated_examples_ += stats.examples;
-      pending_nonfinite_ = first_nonfinite;
+      window_.add(stats.examples, screen.first_nonfinite);
       return;
     }
-    reset_accumulation();
+    const detail::nonfinite_key first_nonfinite = window_.first_nonfinite(screen.first_nonfinite);
+    window_.reset();
     stats.gradient_norm = std::sqrt(screen.sum_of_squares());
     const bool finite = first_nonfinite == detail::no_nonfinite;
-    if (options_.loss_scale.mode == loss_scale_mode::dynamic) update_loss_scale(finite);
+    loss_scaler_.update(finite);
     if (!finite && options_.on_nonfinite != nonfinite_policy::unchecked) {
       stats.nonfinite = describe(detail::decode_nonfinite_key(first_nonfinite));
       stats.skipped = true;
@@ -564,68 +546,9 @@ class pipeline {
     reducer_->apply_averaged(*towers_, static_cast<value_type>(stats.clip_coefficient), constants, stats.stages);
   }
 
-  // Where this step's batch stands in the accumulation window (reduce/screen.hpp, accumulation).
-  detail::accumulation<value_type> accumulation_for(step_stats& stats) const {
-    detail::accumulation<value_type> window;
-    stats.micro_batch = micro_batch_ + 1;
-    if (options_.accumulation_steps == 1) return window;
-    window.first = micro_batch_ == 0;
-    window.last = micro_batch_ + 1 == options_.accumulation_steps;
-    window.micro_weight = static_cast<value_type>(stats.examples);
-    window.inverse_total = static_cast<value_type>(1.0 / static_cast<double>(accumulated_examples_ + stats.examples));
-    return window;
-  }
-  void reset_accumulation() {
-    micro_batch_ = 0;
-    accumulated_examples_ = 0;
-    pending_nonfinite_ = detail::no_nonfinite;
-  }
-
-  // torch's _amp_update_scale_: the scale a float, each product taken in double and rounded to float.
-  void update_loss_scale(bool finite) {
-    const loss_scaling& rules = options_.loss_scale;
-    if (!finite) {
-      loss_scale_ = static_cast<float>(static_cast<double>(loss_scale_) * rules.backoff_factor);
-      good_steps_ = 0;
-      return;
-    }
-    if (++good_steps_ < rules.growth_interval) return;
-    const float grown = static_cast<float>(static_cast<double>(loss_scale_) * rules.growth_factor);
-    if (std::isfinite(grown)) loss_scale_ = grown;
-    good_steps_ = 0;
-  }
-
   static constexpr const char* past_max_steps =
       "the pipeline has done 2^53 steps, the most it counts (bias corrections take the step as a double)";
   static constexpr const char* no_staged_batch = "step(fn) needs a staged batch: call stage(batch) or step(batch, fn)";
-
-  // A scale every step can use: a positive normal float (0 or a subnormal would skip every step after it,
-  // or lose the gradients' bits); a good-step count the next finite step can raise without overflow.
-  static bool usable_loss_scale(double scale) {
-    const float rounded = static_cast<float>(scale);
-    return rounded > 0 && std::isnormal(rounded);
-  }
-  void check_loss_scale(double scale, std::int64_t good_steps) const {
-    if (!loss_scaling_on()) detail::fail("a loss scale was given, but loss scaling is off (pipeline_options::loss_scale)");
-    const bool dynamic = options_.loss_scale.mode == loss_scale_mode::dynamic;
-    if (!usable_loss_scale(scale) || good_steps < 0 || (dynamic && good_steps >= options_.loss_scale.growth_interval))
-      detail::fail("a loss scale must be a positive normal float and its good-step count in [0, growth_interval = ",
-                   options_.loss_scale.growth_interval, "); ", scale, " and ", good_steps, " given");
-  }
-
-  static void check_loss_scaling(const pipeline_options& options) {
-    const loss_scaling& rules = options.loss_scale;
-    if (rules.mode == loss_scale_mode::off) return;
-    if (!usable_loss_scale(rules.initial_scale))
-      detail::fail("loss_scaling::initial_scale must be a positive normal float; ", rules.initial_scale, " given");
-    if (rules.mode == loss_scale_mode::fixed) return;
-    if (!(rules.growth_factor > 1)) detail::fail("loss_scaling::growth_factor must be > 1; ", rules.growth_factor, " given");
-    if (!(rules.backoff_factor > 0 && rules.backoff_factor < 1))
-      detail::fail("loss_scaling::backoff_factor must be in (0, 1); ", rules.backoff_factor, " given");
-    if (rules.growth_interval < 1) detail::fail("loss_scaling::growth_interval must be >= 1; ", rules.growth_interval, " given");
-    if (options.on_nonfinite != nonfinite_policy::skip)
-      detail::fail("dynamic loss scaling skips the steps that overflow by design: it needs on_nonfinite = skip");
-  }
 
   nonfinite_gradient describe(const detail::nonfinite_place& place) const {
     const variable& v = (*variables_)[place.variable];
@@ -633,36 +556,6 @@ class pipeline {
     if (place.tower != detail::nonfinite_sum_tower) found.tower = place.tower;
     return found;
   }
-
-  static void check_options(const pipeline_options& options, std::size_t towers, std::size_t variables) {
-    check_loss_scaling(options);
-    if (options.accumulation_steps == 0) detail::fail("pipeline_options::accumulation_steps must be >= 1");
-    if (!(options.max_grad_norm >= 0) || std::isinf(options.max_grad_norm))
-      detail::fail("pipeline_options::max_grad_norm must be finite and >= 0 (0: no clipping); ", options.max_grad_norm, " given");
-    const bool checks = checked(options);
-    if (checks && towers >= detail::nonfinite_sum_tower)
-      detail::fail("a checked pipeline takes at most ", detail::nonfinite_sum_tower - 1, " towers, ", towers,
-                   " requested (pipeline_options::on_nonfinite = unchecked lifts the limit)");
-    if (checks && variables >= detail::max_screened_variables)
-      detail::fail("a checked pipeline takes fewer than ", detail::max_screened_variables, " variables, ", variables,
-                   " given");
-  }
-
-  // Marks the pipeline busy for one changing call (see "Threading" at the top).
-  class exclusive_call {
-   public:
-    exclusive_call(std::atomic<bool>& busy, const char* what) : busy_(busy) {
-      if (busy_.exchange(true))
-        detail::fail("pipeline::", what, " called while another call on this pipeline runs (from another thread, ",
-                     "or from inside a tower function); a pipeline is used by one thread at a time");
-    }
-    ~exclusive_call() { busy_.store(false); }
-    exclusive_call(const exclusive_call&) = delete;
-    exclusive_call& operator=(const exclusive_call&) = delete;
-
-   private:
-    std::atomic<bool>& busy_;
-  };
 
   static double seconds_since(clock::time_point start) {
     return std::chrono::duration<double>(clock::now() - start).count();
@@ -674,18 +567,7 @@ class pipeline {
     variables_->check_index(index);
   }
 
-  static void check_input_specs(const std::vector<input_spec>& inputs) {
-    if (inputs.empty()) detail::fail("a pipeline needs at least one input_spec (the batch's inputs, e.g. \"x\")");
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].name.empty()) detail::fail("input_spec #", i, " has an empty name");
-      for (std::size_t j = 0; j < i; ++j) {
-        if (inputs[j].name == inputs[i].name)
-          detail::fail("input_spec #", i, " repeats the name '", inputs[i].name, "' of input_spec #", j);
-      }
-    }
-  }
-
-  static const hyper_parameters& checked(const hyper_parameters& h) {
+  static const hyper_parameters& validated(const hyper_parameters& h) {
     Optim::validate(h);
     return h;
   }
@@ -699,16 +581,11 @@ class pipeline {
   std::unique_ptr<reducer_type> reducer_;
   std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;
-  // (slot, variable) -> digest of the optimizer state values last set there since the last step.
-  std::map<std::pair<std::size_t, std::size_t>, std::uint64_t> state_set_;
+  detail::changes_since_step changes_;  // for the processes' agreement at the next step
   std::optional<std::string> stage_refused_;  // across processes: what stage() refused since the last step
-  bool parameters_set_ = false;  // since the last step: the processes compare a digest (step_settings)
   std::atomic<bool> busy_{false};
-  float loss_scale_ = 1.0f;      // pipeline_options::loss_scale; a float, as GradScaler's
-  std::int64_t good_steps_ = 0;  // finite steps in a row since the scale last changed (dynamic)
-  // Gradient accumulation: micro-batches and examples so far in this window, and their first non-finite.
-  std::size_t micro_batch_ = 0, accumulated_examples_ = 0;
-  detail::nonfinite_key pending_nonfinite_ = detail::no_nonfinite;
+  detail::loss_scaler loss_scaler_;
+  detail::accumulation_window window_;
 };
 
 }  // namespace towerpipe

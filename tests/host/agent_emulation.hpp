@@ -1,10 +1,10 @@
 #pragma once
-// Runs a multi-tensor agent (reduce/agents.hpp) over a chunk table on the calling thread, as `threads`
+// Runs a multi-tensor agent (programs/agents.hpp) over a chunk table on the calling thread, as `threads`
 // emulated threads each taking its share of every chunk in groups of W: the host form of the kernel
-// launch (cuda/multi_tensor_kernel.cuh), for tests; and a screen tile (reduce/screen.hpp) as a warp of
+// launch (cuda/multi_tensor_kernel.cuh), for tests; and a screen tile (programs/screen.hpp) as a warp of
 // the screen kernel computes it (cuda/screen_kernel.cuh).
-#include <towerpipe/reduce/agents.hpp>
-#include <towerpipe/reduce/screen.hpp>
+#include <towerpipe/programs/agents.hpp>
+#include <towerpipe/programs/screen.hpp>
 
 #include <vector>
 

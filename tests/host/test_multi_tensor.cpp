@@ -1,13 +1,13 @@
-// The device reductions' per-element programs (reduce/agents.hpp), run on the host over the same
+// The device reductions' per-element programs (programs/agents.hpp), run on the host over the same
 // chunk and pointer tables the kernels use: they must cover every element once and give bitwise the
 // host pipeline's parameters — reduce::device0 as one fused pass, reduce::p2p_tree as tree edges, a
 // fused root that also writes its children's replicas, and copies further down the tree, and
 // reduce::sharded for GPU towers as one fused pass per owner over its slice, with only its slice of the
-// state (reduce/owner_slices.hpp).
-#include <towerpipe/reduce/agents.hpp>
-#include <towerpipe/reduce/copy_wiring.hpp>
-#include <towerpipe/reduce/owner_slices.hpp>
-#include <towerpipe/reduce/process_agents.hpp>
+// state (programs/owner_slices.hpp).
+#include <towerpipe/programs/agents.hpp>
+#include <towerpipe/programs/copy_wiring.hpp>
+#include <towerpipe/programs/owner_slices.hpp>
+#include <towerpipe/programs/process_agents.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -142,7 +142,7 @@ class emulated_devices {
 
 enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree, sharded };
 
-// The towers' devices and links the copying paths are checked under (reduce/copy_wiring.hpp): all on one
+// The towers' devices and links the copying paths are checked under (programs/copy_wiring.hpp): all on one
 // device; one device with pipeline_options::direct_device_access off (how the GPU tests run the copying
 // paths on one GPU); one device per tower, peer access only within pairs (0, 1), (2, 3), ...
 enum class topology { one_device, one_device_no_direct_access, peer_pairs };
@@ -593,7 +593,7 @@ TEST_CASE("owner slices cut the chunk table into contiguous runs within a chunk 
 
 namespace {
 
-// A checked step as the device backends run it (reduce/screen.hpp), on the host: the screen's lane
+// A checked step as the device backends run it (programs/screen.hpp), on the host: the screen's lane
 // program over every tile (a warp's 32 lanes one after another, then pairwise_lane_sum, which the
 // kernel does with shuffles), then fused_apply_agent over the average with the clip coefficient as its
 // one weight. Returns the screen's partials.
@@ -685,7 +685,7 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
       pipeline_options options;
       options.max_grad_norm = 3.0;
       trainer reference(variables, {{"x", dtype::float32, {1}}}, towers, h, options);
-      // Chunks of one screen tile: the owners' slices start on tiles (reduce/owner_slices.hpp).
+      // Chunks of one screen tile: the owners' slices start on tiles (programs/owner_slices.hpp).
       emulated_devices<optim::adam, TestType> devices(variables, towers, h, screen_tile_elements);
       emulated_owners owners(variables, devices.chunks(), towers, optim::adam::state_slots(h));
       std::vector<float> weights;
@@ -723,7 +723,7 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
 
 namespace {
 
-// reduce::sharded for GPU towers across processes (reduce/sharded_across_processes.cuh), emulated: each
+// reduce::sharded for GPU towers across processes (reduce/sharded/gpu_towers_across_processes.cuh), emulated: each
 // process's towers as above, its buffers laid out by exchange_plan, the transport done by copies.
 template <class Optim, class Layout>
 struct emulated_process {
@@ -915,8 +915,8 @@ struct fake_allocation {
 };
 fake_allocation aligned_storage(std::size_t) { return {}; }
 
-// Every table reduce::sharded with GPU towers builds over compact storage (sharded_for_cuda.cuh,
-// sharded_across_processes.cuh), built by the same functions, must keep every vector the kernels move
+// Every table reduce::sharded with GPU towers builds over compact storage (reduce/sharded/gpu_towers.cuh,
+// reduce/sharded/gpu_towers_across_processes.cuh), built by the same functions, must keep every vector the kernels move
 // aligned: check_vector_aligned throws where it would not.
 void check_compact_tables_aligned(const variable_set& variables, std::size_t chunk_elements, std::size_t vector_bytes) {
   const std::vector<tensor_chunk> table = make_chunk_table(variables, chunk_elements);

@@ -21,7 +21,7 @@
 //                process has reported and aborted; that would make the test flaky, not the library.)
 //
 // The GPU build (sharded_equivalence_gpu.cu, TOWERPIPE_TEST_GPU_TOWERS) runs the sharded pipeline's towers
-// on GPUs (reduce/sharded_across_processes.cuh) against the same host reference: mode "equal" exchanges
+// on GPUs (reduce/sharded/gpu_towers_across_processes.cuh) against the same host reference: mode "equal" exchanges
 // through pinned host memory over MPI (several processes may share a GPU), mode "nccl L" through NCCL
 // (one GPU per process), mode "copied L" as "equal" with pipeline_options::direct_device_access off
 // (the towers' buffers copied, as between devices without peer access). Without a CUDA device it exits

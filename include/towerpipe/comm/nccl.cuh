@@ -1,7 +1,7 @@
 #pragma once
 // nccl_process_group — a process_group (comm/process_group.hpp) over NCCL, for reduce::sharded with GPU
 // towers across processes: its bulk traffic (gradient contributions to their owners, new parameters to
-// everyone) stays on the devices (device_collectives, cuda/device_collectives.cuh). Needs NCCL (it ships
+// everyone) stays on the devices (device_collectives, comm/device_collectives.cuh). Needs NCCL (it ships
 // with the CUDA toolkit on our machines; CMake: link libnccl). NCCL refuses two ranks on one GPU: one
 // process per device.
 //
@@ -36,7 +36,7 @@
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
-#include "towerpipe/cuda/device_collectives.cuh"
+#include "towerpipe/comm/device_collectives.cuh"
 #include "towerpipe/cuda/memory.cuh"
 
 namespace towerpipe {

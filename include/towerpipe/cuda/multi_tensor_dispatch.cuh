@@ -12,7 +12,7 @@
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_kernel.cuh"
-#include "towerpipe/reduce/chunk_table.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -44,7 +44,7 @@ class device_chunk_table {
   cuda_device_memory::owner<tensor_chunk> chunks_;
 };
 
-// A pointer table (reduce/chunk_table.hpp) uploaded to one device.
+// A pointer table (programs/chunk_table.hpp) uploaded to one device.
 template <class T>
 class device_pointer_table {
  public:

@@ -1,14 +1,14 @@
 #pragma once
 // The multi-tensor kernel and its launch policy. Layering as CUB's: the policy is a plain value struct
 // (testable on the host), the kernel is a thin loop that hands (chunk, thread) to the agent, and the
-// agent (reduce/agents.hpp) holds all the math — which is why tests can run the same agents on the host.
+// agent (programs/agents.hpp) holds all the math — which is why tests can run the same agents on the host.
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 
-#include "towerpipe/reduce/agents.hpp"
-#include "towerpipe/reduce/chunk_table.hpp"
+#include "towerpipe/programs/agents.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
 
 namespace towerpipe {
 

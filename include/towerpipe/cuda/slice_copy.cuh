@@ -1,6 +1,6 @@
 #pragma once
-// Copies an owner's slice (reduce/owner_slices.hpp) between a buffer of whole variables (a layout's
-// buffer, on one device) and compact storage of the slice (reduce/owner_slices.hpp, on another device), one
+// Copies an owner's slice (programs/owner_slices.hpp) between a buffer of whole variables (a layout's
+// buffer, on one device) and compact storage of the slice (programs/owner_slices.hpp, on another device), one
 // cudaMemcpyPeerAsync per range: how reduce::sharded reaches a tower whose device the owner's cannot
 // address (no peer access, or pipeline_options::direct_device_access off).
 
@@ -10,7 +10,7 @@
 
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
-#include "towerpipe/reduce/owner_slices.hpp"
+#include "towerpipe/programs/owner_slices.hpp"
 
 namespace towerpipe {
 namespace detail {

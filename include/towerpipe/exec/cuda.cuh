@@ -34,7 +34,7 @@
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/device_clock.cuh"
-#include "towerpipe/cuda/gradient_poison.cuh"
+#include "towerpipe/exec/gradient_poison.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/cuda/topology.cuh"
@@ -44,9 +44,9 @@
 #include "towerpipe/exec/thread_pool.hpp"
 #include "towerpipe/exec/tower_failures.hpp"
 #include "towerpipe/layout/batch.hpp"
-#include "towerpipe/pipeline_options.hpp"
-#include "towerpipe/reduce/copy_wiring.hpp"
-#include "towerpipe/split.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/programs/copy_wiring.hpp"
+#include "towerpipe/step/split.hpp"
 #include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {
@@ -104,7 +104,7 @@ class cuda_towers {
 
   std::size_t towers() const { return towers_.size(); }
   int device(std::size_t t) const { return devices_[t]; }
-  // Which towers' buffers a kernel on one tower's stream uses in place (reduce/copy_wiring.hpp).
+  // Which towers' buffers a kernel on one tower's stream uses in place (programs/copy_wiring.hpp).
   const tower_access& access() const { return access_; }
   thread_pool& pool() { return pool_; }
 

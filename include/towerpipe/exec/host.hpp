@@ -26,8 +26,8 @@
 #include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/exec/tower_failures.hpp"
 #include "towerpipe/layout/batch.hpp"
-#include "towerpipe/pipeline_options.hpp"
-#include "towerpipe/split.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/step/split.hpp"
 #include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {

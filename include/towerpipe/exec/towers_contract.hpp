@@ -28,7 +28,7 @@
 
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/layout/batch.hpp"
-#include "towerpipe/split.hpp"
+#include "towerpipe/step/split.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -9,7 +9,7 @@
 // on the root device and its replica is written back from one (cudaMemcpyPeerAsync), with a one-time
 // warning through the log sink.
 //
-// A checked step (reduce/screen.hpp) runs the screen kernel into an average on the root device, then the
+// A checked step (programs/screen.hpp) runs the screen kernel into an average on the root device, then the
 // same fused kernel with that average as its one "tower" and the step's scale as its weight.
 
 #include <cuda_runtime.h>
@@ -26,9 +26,9 @@
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
-#include "towerpipe/reduce/agents.hpp"
+#include "towerpipe/programs/agents.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -19,8 +19,8 @@
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/cuda/screen_kernel.cuh"
-#include "towerpipe/reduce/agents.hpp"
-#include "towerpipe/reduce/screen.hpp"
+#include "towerpipe/programs/agents.hpp"
+#include "towerpipe/programs/screen.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -148,7 +148,7 @@ void launch_fused_apply(const device_chunk_table& chunks, const cuda_stream& str
   });
 }
 
-// The screen (reduce/screen.hpp) of the canonical average of every tower's gradient (of type Stored,
+// The screen (programs/screen.hpp) of the canonical average of every tower's gradient (of type Stored,
 // widened), into `averaged`.
 template <class T, class Stored>
 void launch_tower_screen(const device_screen& screen, const cuda_stream& stream, int towers,

@@ -3,9 +3,9 @@
 // towers' gradients in the canonical order, applies the optimizer and writes the parameters, spread
 // over the thread pool.
 //
-// The work is a table of chunks (variable, first element, count; reduce/multi_tensor.hpp) built once at
+// The work is a table of chunks (variable, first element, count; programs/chunk_table.hpp) built once at
 // construction — the host form of a multi-tensor apply. Each chunk is processed in blocks small enough for L1: the tower
-// tree (reduce/canonical_order.hpp) runs element-wise over scratch arrays, then the optimizer's
+// tree (programs/canonical_order.hpp) runs element-wise over scratch arrays, then the optimizer's
 // per-element update runs on the block. Every element's result depends only on its own inputs, never
 // on which thread took the chunk, so the parameters are bitwise reproducible run to run.
 
@@ -23,11 +23,11 @@
 #include "towerpipe/core/policy_kinds.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/host.hpp"
-#include "towerpipe/reduce/canonical_order.hpp"
-#include "towerpipe/reduce/chunk_table.hpp"
+#include "towerpipe/programs/canonical_order.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/reduce/screen.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 
@@ -68,7 +68,7 @@ void update_host_block(int active, T* p, T* const* slots, const T* g, std::size_
   });
 }
 
-// The sum of squares of a screen tile's `count` values (reduce/screen.hpp) in the lane order the device
+// The sum of squares of a screen tile's `count` values (programs/screen.hpp) in the lane order the device
 // follows: lane j takes elements 128 row + 4 j + l, row outer, l inner — 32 independent chains, in memory
 // order, added pairwise at the end.
 template <class T>
@@ -111,7 +111,7 @@ nonfinite_key first_nonfinite_in(const U* values, unsigned count, int variable, 
   return no_nonfinite;
 }
 
-// A screen's average from the towers' canonical sum, in accumulating_source's order (reduce/screen.hpp):
+// A screen's average from the towers' canonical sum, in accumulating_source's order (programs/screen.hpp):
 // micro_weight * sum, + the running sum already in out, * inverse_total. Returns 1 if any result is
 // not finite, else 0.
 template <class T>
@@ -153,7 +153,7 @@ class host_optimizer_pass {
     tile_count_ = tiles;
   }
 
-  // A checked step's average (reduce/screen.hpp), where screen() leaves it.
+  // A checked step's average (programs/screen.hpp), where screen() leaves it.
   const buffer& averaged() const { return averaged_; }
   std::size_t tile_count() const { return tile_count_; }
 
@@ -220,7 +220,7 @@ class host_optimizer_pass {
 
  private:
   // One screen tile on the host: the average, partial and key that the lane program (screen_lane over
-  // 32 lanes, reduce/screen.hpp) gives, computed block by block so that the loops vectorise; a
+  // 32 lanes, programs/screen.hpp) gives, computed block by block so that the loops vectorise; a
   // non-finite value only costs a scan of the block it is in. `out`: the variable's average.
   screen_lane_result screen_tile(const tensor_chunk& tile, const std::vector<const stored_type*>& sources,
                                  const std::vector<value_type>& weights, const accumulation<value_type>& step,
@@ -318,7 +318,7 @@ class host_reducer {
       stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
   }
-  // A checked step (reduce/screen.hpp): average and screen, then apply the average times `scale`.
+  // A checked step (programs/screen.hpp): average and screen, then apply the average times `scale`.
   screen_partials screen_average(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                                  const accumulation<value_type>& step, stage_seconds& stages) {
     const auto start = std::chrono::steady_clock::now();

@@ -4,7 +4,7 @@
 // threads run the same fused pass as for host towers (canonical average + optimizer, reduce/host.hpp),
 // and the new parameters go up into every replica. The variables are cut into transfer groups of about
 // group_elements, so that group g+1 comes down while the CPU works on g and g-1 goes up: the PCIe
-// transfers in both directions and the CPU overlap. A checked step (reduce/screen.hpp) screens each
+// transfers in both directions and the CPU overlap. A checked step (programs/screen.hpp) screens each
 // group as it arrives, then applies and uploads group by group.
 //
 // What keeps the transfers at the link's speed as towers are added:
@@ -30,9 +30,9 @@
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/host.hpp"
-#include "towerpipe/reduce/agents.hpp"
+#include "towerpipe/programs/agents.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -84,7 +84,7 @@ class cuda_host_reducer {
   }
 
   // A checked step, pass 1: the gradients come down group by group and are averaged and screened on the
-  // CPU (reduce/screen.hpp) while the next group is on its way.
+  // CPU (programs/screen.hpp) while the next group is on its way.
   screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
                                  stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::host screen");

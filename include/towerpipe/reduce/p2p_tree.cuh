@@ -1,6 +1,6 @@
 #pragma once
 // reduce::p2p_tree — the canonical tree itself, run by the towers: in round r tower i adds tower
-// i + 2^r's partial sum into its own gradient buffer (reduce/canonical_order.hpp), on its own stream,
+// i + 2^r's partial sum into its own gradient buffer (programs/canonical_order.hpp), on its own stream,
 // reading the other tower's buffer directly where peer access allows; the last edge, into tower 0, is
 // fused with the optimizer (state on tower 0's device) and writes the new parameters into tower 0's
 // replica and into those of tower 0's children in the tree (towers 1, 2, 4, ...) that it can reach
@@ -15,7 +15,7 @@
 // Without peer access along an edge, the other tower's buffer is first copied into a scratch buffer on
 // the reading tower's device (cudaMemcpyPeerAsync), with a one-time warning through the log sink.
 //
-// A checked step (reduce/screen.hpp): the same rounds, each checking the raw gradients it reads; the
+// A checked step (programs/screen.hpp): the same rounds, each checking the raw gradients it reads; the
 // root's edge runs as the screen into an average on tower 0's device; the apply reads that average.
 
 #include <cuda_runtime.h>
@@ -33,9 +33,9 @@
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
-#include "towerpipe/reduce/agents.hpp"
+#include "towerpipe/programs/agents.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/step/stats.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
@@ -111,7 +111,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     broadcast_and_wait(towers, rounds, stages);
   }
 
-  // A checked step, pass 1: the tree's rounds, then its last edge through the screen (reduce/screen.hpp)
+  // A checked step, pass 1: the tree's rounds, then its last edge through the screen (programs/screen.hpp)
   // into the average on tower 0's device; the rounds check the raw gradients they read.
   screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
                                  stage_seconds& stages) {

@@ -5,17 +5,22 @@
 //
 //   reducer(variables, hyper_parameters, towers&)     constructor; allocates the optimizer state (zeros)
 //   void average_and_apply(towers&, const std::vector<T>& weights, const step_constants<T>&, stage_seconds&)
-//       one step: canonical weighted average of the towers' gradients (reduce/canonical_order.hpp), the
+//       one step: canonical weighted average of the towers' gradients (programs/canonical_order.hpp), the
 //       optimizer's update, the new parameters on every tower; fills stages.reduce (and .broadcast)
 //   screen_partials screen_average(towers&, const std::vector<T>& weights, const accumulation<T>&, stage_seconds&)
-//       the first pass of a checked step (reduce/screen.hpp): the canonical average into a buffer of the
+//       the first pass of a checked step (programs/screen.hpp): the canonical average into a buffer of the
 //       reducer's (with accumulation: into its running sum), the tiles' sums of squares and the first
 //       non-finite key; changes no parameter or state
 //   void apply_averaged(towers&, T scale, const step_constants<T>&, stage_seconds&)
-//       the second: the optimizer on scale * that average, the new parameters on every tower
+//       the second: the optimizer on scale * that average, the new parameters on every tower.
+//       Precondition: called once after the screen_average of the same step whose accumulation was the
+//       window's last (or had none), and only when that step is not skipped; between the two calls
+//       nothing else touches the towers' gradients or the reducer
 //   std::size_t state_slots() const                    optimizer state slots allocated
 //   tensor_view<const T> state_on_host(slot, variable)  between steps
 //   void set_state(slot, variable, const T* values)     between steps
+// Required with 16-bit towers (mixed precision: T is the master type, the towers hold 16-bit values):
+//   tensor_view<const T> master_on_host(variable)      the master parameters, between steps
 // Optional:
 //   reducer(variables, hyper_parameters, towers&, const pipeline_options&)   a constructor that reads the options
 //   void parameter_set(variable, const T* values)       told after the towers' parameters were set, for
@@ -23,7 +28,7 @@
 //   const sharded_processes& processes() const          for reducers whose towers span processes
 //                                                       (reduce::sharded): the pipeline agrees with the
 //                                                       other processes through it every step
-//                                                       (reduce/sharded_processes.hpp)
+//                                                       (reduce/sharded/processes.hpp)
 //   std::vector<std::size_t> state_bytes_per_tower(towers) const   for reducers that spread the optimizer
 //                                                       state over the towers' devices (reduce::sharded)
 
@@ -34,9 +39,9 @@
 
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/exec/towers_contract.hpp"
-#include "towerpipe/reduce/screen.hpp"
-#include "towerpipe/split.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/step/split.hpp"
+#include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -67,12 +72,15 @@ struct reducer_has_checked_passes<
 TOWERPIPE_DETECT_MEMBER(reducer_has_state_slots, std::declval<const T&>().state_slots());
 TOWERPIPE_DETECT_MEMBER(reducer_has_state_on_host, std::declval<T&>().state_on_host(std::size_t{}, std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std::size_t{}, std::size_t{}, nullptr));
+TOWERPIPE_DETECT_MEMBER(reducer_has_master_on_host, std::declval<T&>().master_on_host(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_spreads_state, std::declval<const T&>().state_bytes_per_tower(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_spans_processes, std::declval<const T&>().processes());
 
-template <class Reducer, class Towers, class Optim, class T>
+template <class Reducer, class Towers, class Optim, class T, bool MixedPrecision>
 constexpr bool check_reducer_contract() {
+  static_assert(!MixedPrecision || reducer_has_master_on_host<Reducer>::value,
+                "towerpipe: the reduction backend takes 16-bit towers but lacks 'master_on_host(variable)'");
   static_assert(reducer_has_average_and_apply<Reducer, Towers, Optim, T>::value,
                 "towerpipe: the reduction backend lacks 'average_and_apply(towers, weights, constants, stages)'");
   static_assert(reducer_has_checked_passes<Reducer, Towers, Optim, T>::value,

@@ -8,7 +8,7 @@
 //     sum non-finite, so every tower at fault is found and none is blamed wrongly);
 //   - its sum of squares, for the global norm, in the order defined below.
 // The second pass (the optimizer) reads the average once, times one scale (clip coefficient, 1/loss
-// scale). Against the single fused pass (reduce/agents.hpp) a checked step moves 2 sizeof(T) more
+// scale). Against the single fused pass (programs/agents.hpp) a checked step moves 2 sizeof(T) more
 // bytes per parameter (the average written, then read) and 8 bytes per 2048 (a tile's partial).
 //
 // Norm order. Each variable is cut into tiles of screen_tile_elements (the last one shorter). In a
@@ -29,9 +29,9 @@
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/rounded_math.hpp"
-#include "towerpipe/reduce/canonical_order.hpp"
-#include "towerpipe/reduce/chunk_table.hpp"
-#include "towerpipe/reduce/lanes.hpp"
+#include "towerpipe/programs/canonical_order.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
+#include "towerpipe/programs/lanes.hpp"
 
 #if defined(__CUDACC__)
 #include <nv/target>

@@ -1,7 +1,7 @@
 #pragma once
 // Where reduce::sharded's contributions travel between processes with GPU towers
-// (reduce/sharded_across_processes.cuh): the chunk table cut into one slice per process
-// (reduce/owner_slices.hpp: whole chunks, so whole screen tiles), and the buffers of the exchange, in
+// (reduce/sharded/gpu_towers_across_processes.cuh): the chunk table cut into one slice per process
+// (programs/owner_slices.hpp: whole chunks, so whole screen tiles), and the buffers of the exchange, in
 // elements, as every process computes them alike. Every row is a slice's compact storage
 // (slice.stored_elements long, each range on a multiple of stored_alignment elements), so every block
 // starts aligned for vector I/O. Plain C++: the host tests emulate the exchange with it.
@@ -18,14 +18,14 @@
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
-#include "towerpipe/reduce/chunk_table.hpp"
-#include "towerpipe/reduce/owner_slices.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
+#include "towerpipe/programs/owner_slices.hpp"
 
 namespace towerpipe {
 namespace detail {
 
 // Rows an owner sums at most (processes x contributions each): the bound of the canonical tree's slots
-// in reduce/process_agents.hpp.
+// in programs/process_agents.hpp.
 constexpr int max_process_rows = 1024;
 
 class exchange_plan {

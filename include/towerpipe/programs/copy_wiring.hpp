@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "towerpipe/reduce/agents.hpp"
+#include "towerpipe/programs/agents.hpp"
 
 namespace towerpipe {
 namespace detail {

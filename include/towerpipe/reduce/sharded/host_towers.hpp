@@ -1,6 +1,6 @@
 #pragma once
 // reduce::sharded — the optimizer sharded over the processes of a pipeline (pipeline_options::processes,
-// comm/process_group.hpp; one process without it), for host towers (GPU towers: reduce/sharded_for_cuda.cuh).
+// comm/process_group.hpp; one process without it), for host towers (GPU towers: reduce/sharded/gpu_towers.cuh).
 // Bitwise equal to one process with the same total towers (README.md, invariant 2), whatever the process
 // count.
 //
@@ -8,7 +8,7 @@
 // A step:
 //   1. contributions: each process sends every owner its contributions to the owner's slice (one
 //      personalised all-to-all). With a power-of-two count L of towers per process, process r's towers
-//      rL ... rL + L - 1 form a subtree of the canonical tree (reduce/canonical_order.hpp), so the
+//      rL ... rL + L - 1 form a subtree of the canonical tree (programs/canonical_order.hpp), so the
 //      process sends its local canonical sum of w_i * g_i: one partial per process crosses the wire.
 //      With other counts that is not so, and it sends each tower's w_i * g_i (L times the bytes): the
 //      owner runs the whole tree.
@@ -30,7 +30,7 @@
 // set_optimizer_state keeps the part of the slice (no communication), so checkpoints hold whole
 // variables and load with any process count.
 //
-// Checked steps (reduce/screen.hpp: skipping or throwing on non-finite values, clipping, loss scaling,
+// Checked steps (programs/screen.hpp: skipping or throwing on non-finite values, clipping, loss scaling,
 // accumulation): the owners keep their slice of the average and screen it; slices start where screen
 // tiles start, so each tile's sum of squares is computed whole by one owner, and every process gathers
 // all of them and the first non-finite key — the same norm, skip and report as in one process.
@@ -54,14 +54,14 @@
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/host.hpp"
-#include "towerpipe/pipeline_options.hpp"
-#include "towerpipe/reduce/canonical_order.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/programs/canonical_order.hpp"
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/reduce/screen.hpp"
-#include "towerpipe/reduce/sharded_processes.hpp"
-#include "towerpipe/split.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/split.hpp"
+#include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 
@@ -78,7 +78,7 @@ struct sharded {
 namespace detail {
 
 // The flat element space (every variable's elements, in variable order) and its slices, one per process.
-// Slices start where screen tiles start (reduce/screen.hpp: 2048 elements from each variable's start), so
+// Slices start where screen tiles start (programs/screen.hpp: 2048 elements from each variable's start), so
 // that every tile's sum of squares is one owner's, computed as one process computes it.
 class slice_plan {
  public:
@@ -207,7 +207,7 @@ class sharded_host_reducer {
     finish_step(towers, start, stages);
   }
 
-  // A checked step, pass 1 (reduce/screen.hpp): contributions to their owners, who keep the canonical
+  // A checked step, pass 1 (programs/screen.hpp): contributions to their owners, who keep the canonical
   // average of their slice (with accumulation: its running sum) and screen it; every process gets every
   // tile's sum of squares and the first non-finite key — a raw gradient's, found by the process that
   // has it, or the average's, found by its owner — as one process would compute them.

@@ -1,6 +1,6 @@
 #pragma once
 // reduce::sharded for GPU towers, in one process: the optimizer sharded over the towers' devices.
-// Tower t's device owns slice t of the chunk table (reduce/owner_slices.hpp: whole chunks, about 1/N of
+// Tower t's device owns slice t of the chunk table (programs/owner_slices.hpp: whole chunks, about 1/N of
 // the parameters) and holds only that slice's optimizer state (and, for checked steps, that slice of the
 // average). A step runs, on every owner's stream at once, the fused multi-tensor kernel of
 // reduce::device0 over the owner's chunks: it reads that slice of every tower's gradient (peer reads),
@@ -13,7 +13,7 @@
 // together move what device0 moves, spread over the devices: on one GPU it costs about device0's time,
 // on devices joined by NVLink each link carries 1/N of it. The state is 1/N per device.
 //
-// Checked steps (reduce/screen.hpp): each owner screens its slice's average into its own buffer; slices
+// Checked steps (programs/screen.hpp): each owner screens its slice's average into its own buffer; slices
 // start where screen tiles start (chunks are whole tiles), so the owners' tile sums in owner order are
 // the whole table's, and the first non-finite key is their minimum. Then each owner applies.
 //
@@ -22,7 +22,7 @@
 // and its new slice of the parameters out, with a one-time warning through the log sink. Not yet: mixed
 // precision.
 //
-// With pipeline_options::processes, the towers of several processes: reduce/sharded_across_processes.cuh
+// With pipeline_options::processes, the towers of several processes: reduce/sharded/gpu_towers_across_processes.cuh
 // (sharded_gpu_reducer below chooses).
 
 #include <cuda_runtime.h>
@@ -41,15 +41,15 @@
 #include "towerpipe/cuda/screen_kernel.cuh"
 #include "towerpipe/cuda/slice_copy.cuh"
 #include "towerpipe/exec/cuda.cuh"
-#include "towerpipe/pipeline_options.hpp"
-#include "towerpipe/reduce/agents.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/programs/agents.hpp"
 #include "towerpipe/reduce/device_state.cuh"
-#include "towerpipe/reduce/owner_slices.hpp"
+#include "towerpipe/programs/owner_slices.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/reduce/sharded.hpp"
-#include "towerpipe/reduce/sharded_across_processes.cuh"
-#include "towerpipe/reduce/sharded_processes.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/reduce/sharded/host_towers.hpp"
+#include "towerpipe/reduce/sharded/gpu_towers_across_processes.cuh"
+#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -1,11 +1,11 @@
 #pragma once
-// The chunk table (reduce/chunk_table.hpp) cut into one contiguous run of chunks per owner, balanced by
+// The chunk table (programs/chunk_table.hpp) cut into one contiguous run of chunks per owner, balanced by
 // elements, and the pointer tables of an owner's compact storage of its slice (its part of the
 // optimizer state, of a checked step's average): reduce::sharded for GPU towers gives tower t's device
 // slice t. Plain C++: the host tests run the owners' agents over these tables.
 //
 // A slice is whole chunks, so it starts where a chunk starts: on a multiple of chunk_elements inside a
-// variable, hence of the screen's tile (reduce/screen.hpp) when chunk_elements is a multiple of it, and
+// variable, hence of the screen's tile (programs/screen.hpp) when chunk_elements is a multiple of it, and
 // each screen tile belongs to one owner: make_chunk_table(slice.ranges, screen_tile_elements) lists
 // the slice's tiles. The slices in owner order list the chunks, and so the tiles, in
 // the table's order.
@@ -23,7 +23,7 @@
 
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/reduce/chunk_table.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "towerpipe/comm/process_group.hpp"
-#include "towerpipe/split.hpp"
+#include "towerpipe/step/split.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
@@ -54,7 +54,7 @@ struct pipeline_options {
   bool poison_gradients = false;
 
   // A checked step (anything but unchecked, or clipping on) averages first, screens the average
-  // (reduce/screen.hpp) and applies second: 2 sizeof(T) more bytes per parameter than one fused pass.
+  // (programs/screen.hpp) and applies second: 2 sizeof(T) more bytes per parameter than one fused pass.
   nonfinite_policy on_nonfinite = nonfinite_policy::skip;
   // Global-norm clipping of the averaged gradient, as torch.nn.utils.clip_grad_norm_(max_norm): the
   // gradient is multiplied by min(1, max_grad_norm / (norm + 1e-6)) before the optimizer. 0: off.
@@ -75,7 +75,7 @@ struct pipeline_options {
 
 namespace detail {
 
-// Whether steps take the checked passes (reduce/screen.hpp) rather than the single fused one.
+// Whether steps take the checked passes (programs/screen.hpp) rather than the single fused one.
 inline bool takes_checked_steps(const pipeline_options& options, bool mixed_precision) {
   return mixed_precision || options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
          options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;

@@ -1,6 +1,6 @@
 #pragma once
 // device_collectives — the two bulk collectives of reduce::sharded across processes with GPU towers
-// (reduce/sharded_across_processes.cuh), on device memory. A process_group that can move device memory
+// (reduce/sharded/gpu_towers_across_processes.cuh), on device memory. A process_group that can move device memory
 // itself (comm/nccl.cuh) implements this interface too; for any other group (comm/mpi.hpp) the reducer
 // uses staged_collectives below, which copies through pinned host memory and calls the group's host
 // collectives.

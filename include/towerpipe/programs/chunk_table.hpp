@@ -106,7 +106,7 @@ std::vector<T*> gather_pointers(const std::vector<Buffer*>& roles) {
 // for one vector of vector_bytes; its groups then start on multiples of the vector inside the chunk.
 // Checked in plain C++ where a table is built, so that a layout that would fault on the device (CUB's
 // vector store does not check alignment) fails on the host. Addresses in unsigned arithmetic: a
-// compact slice's entry may point before its allocation (reduce/owner_slices.hpp).
+// compact slice's entry may point before its allocation (programs/owner_slices.hpp).
 template <class T>
 void check_vector_aligned(const std::vector<T*>& pointers, std::size_t variables, const std::vector<tensor_chunk>& chunks,
                           std::size_t vector_bytes, const char* what) {

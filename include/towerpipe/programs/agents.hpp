@@ -4,7 +4,7 @@
 // (cuda/multi_tensor_kernel.cuh, the schedule) — and that tests run over the same tables on the host.
 // Plain C++ (usable without nvcc); TOWERPIPE_HOST_DEVICE marks what kernels call.
 //
-// A checked step (reduce/screen.hpp) averages first and applies second: the screen's sources read the
+// A checked step (programs/screen.hpp) averages first and applies second: the screen's sources read the
 // towers' gradients (tower_average_source there, edge_average_source here for the p2p tree's last edge),
 // and the optimizer then runs fused_apply_agent over the one averaged buffer with the step's scale as
 // its only weight.
@@ -16,10 +16,10 @@
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/rounded_math.hpp"
-#include "towerpipe/reduce/canonical_order.hpp"
-#include "towerpipe/reduce/chunk_table.hpp"
-#include "towerpipe/reduce/lanes.hpp"
-#include "towerpipe/reduce/screen.hpp"
+#include "towerpipe/programs/canonical_order.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
+#include "towerpipe/programs/lanes.hpp"
+#include "towerpipe/programs/screen.hpp"
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
@@ -104,11 +104,11 @@ struct fused_apply_agent {
   }
 };
 
-// One edge of the canonical tree (reduce/canonical_order.hpp): s_left = s_left + s_right. Partial sums
+// One edge of the canonical tree (programs/canonical_order.hpp): s_left = s_left + s_right. Partial sums
 // live in the towers' gradient buffers: a tower's buffer holds its raw gradient until the tower has been
 // the left side of an edge, its weighted partial sum after; raw operands are multiplied by their weight,
 // and checked: every tower's raw gradient is an operand of exactly one edge, so the tree finds the
-// first non-finite value of each tower as the screen does (reduce/screen.hpp).
+// first non-finite value of each tower as the screen does (programs/screen.hpp).
 template <class T>
 struct tree_edge {
   int left, right;
@@ -132,7 +132,7 @@ struct tree_edge {
   }
 };
 
-// The p2p tree's last edge as the screen's source (reduce/screen.hpp).
+// The p2p tree's last edge as the screen's source (programs/screen.hpp).
 template <class T>
 struct edge_average_source {
   pointer_table<T> sums;  // role = tower

@@ -1,9 +1,9 @@
 #pragma once
 // reduce::sharded for GPU towers across processes (pipeline_options::processes): each process runs L
-// GPU towers and owns one slice of the chunk table (reduce/exchange_plan.hpp), with that slice's
+// GPU towers and owns one slice of the chunk table (programs/exchange_plan.hpp), with that slice's
 // optimizer state on its towers' first device (1/R of it). Global tower index = rank-major. A step, on
 // the device of the process's tower 0:
-//   1. contributions (reduce/process_agents.hpp): for every owner, this process's canonical partial of
+//   1. contributions (programs/process_agents.hpp): for every owner, this process's canonical partial of
 //      w_t * g_t over its towers (L a power of two: a subtree of the global tree) or each tower's
 //      w_t * g_t (other L: L times the bytes), into the send buffer;
 //   2. the all-to-all: every owner gets every process's contributions to its slice;
@@ -17,9 +17,9 @@
 //
 // The transport is the group's: a group that moves device memory itself (comm/nccl.cuh) keeps the
 // exchange on the devices; any other (comm/mpi.hpp) is staged through pinned host memory
-// (cuda/device_collectives.cuh). Checked steps: the senders screen their raw gradients (under global
+// (comm/device_collectives.cuh). Checked steps: the senders screen their raw gradients (under global
 // tower indices), the owners screen their slice of the average and the tiles' sums are shared as for
-// host towers (reduce/sharded.hpp). Local towers whose devices tower 0's cannot address (no peer access,
+// host towers (reduce/sharded/host_towers.hpp). Local towers whose devices tower 0's cannot address (no peer access,
 // or pipeline_options::direct_device_access off) have their gradients copied in and their parameters
 // copied out (cudaMemcpyPeerAsync), with a one-time warning through the log sink.
 
@@ -33,19 +33,19 @@
 #include "towerpipe/core/log.hpp"
 #include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/device.cuh"
-#include "towerpipe/cuda/device_collectives.cuh"
+#include "towerpipe/comm/device_collectives.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/cuda/screen_kernel.cuh"
 #include "towerpipe/exec/cuda.cuh"
-#include "towerpipe/pipeline_options.hpp"
-#include "towerpipe/reduce/agents.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/programs/agents.hpp"
 #include "towerpipe/reduce/device_state.cuh"
-#include "towerpipe/reduce/exchange_plan.hpp"
-#include "towerpipe/reduce/process_agents.hpp"
-#include "towerpipe/reduce/sharded_processes.hpp"
-#include "towerpipe/stats.hpp"
+#include "towerpipe/programs/exchange_plan.hpp"
+#include "towerpipe/programs/process_agents.hpp"
+#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -83,7 +83,7 @@ class sharded_process_reducer {
   using device_buffer = typename cuda_towers<Layout>::device_buffer;
   static_assert(check_sharded_gpu_types<T, Policy>());
 
-  // `span`: the processes, their configuration already compared (reduce/sharded_processes.hpp).
+  // `span`: the processes, their configuration already compared (reduce/sharded/processes.hpp).
   sharded_process_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
                           const pipeline_options& options, const sharded_processes& span)
       : variables_(variables),
@@ -198,7 +198,7 @@ class sharded_process_reducer {
     return bytes;
   }
 
-  // A collective, as for host towers (reduce/sharded.hpp): every process's slice of the slot, gathered
+  // A collective, as for host towers (reduce/sharded/host_towers.hpp): every process's slice of the slot, gathered
   // once per slot between steps.
   tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
     check_slot(slot);

@@ -4,7 +4,7 @@
 // vector through CUB's cub::LoadDirectBlockedVectorized / cub::StoreDirectBlockedVectorized; a chunk's
 // last count % W elements move one by one (W = 1). On the host, plain loops. Groups start on multiples of
 // W elements of chunks that start aligned, so every vector is aligned: multi_tensor_policy checks the
-// chunk size, and check_vector_aligned (reduce/chunk_table.hpp) every table a reducer builds. The
+// chunk size, and check_vector_aligned (programs/chunk_table.hpp) every table a reducer builds. The
 // store relies on that: CUB's vectorised load falls back to scalar loads on a misaligned pointer, but
 // its store (CCCL 3.0 cub/block/block_store.cuh) writes through the vector type regardless, which
 // faults. Plain C++ where not compiled by nvcc.

@@ -1,12 +1,12 @@
 #pragma once
 // The per-element programs of reduce::sharded for GPU towers across processes
-// (reduce/sharded_across_processes.cuh), run as multi-tensor agents (reduce/agents.hpp) over chunk tables:
+// (reduce/sharded/gpu_towers_across_processes.cuh), run as multi-tensor agents (programs/agents.hpp) over chunk tables:
 //   contribution_agent  a process's contributions to one owner's slice, from its own towers;
 //   rows_sum_source     an owner's canonical sum over the contributions every process sent it;
 //   rows_apply_agent    that sum and the optimizer, fused.
 // Plain C++ (usable without nvcc): the host tests run them over the same tables.
 //
-// The global tree (reduce/canonical_order.hpp) over N = R * L towers, rank-major: with L a power of two,
+// The global tree (programs/canonical_order.hpp) over N = R * L towers, rank-major: with L a power of two,
 // process r's towers rL ... rL + L - 1 form a subtree, whose value is the process's canonical partial
 // sum, and the owner runs the tree's upper levels over the R partials ("rows", one per process); with
 // other L the process sends each tower's w_t * g_t and the owner runs the whole tree over N rows. Either
@@ -18,12 +18,12 @@
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/reduce/agents.hpp"
-#include "towerpipe/reduce/canonical_order.hpp"
-#include "towerpipe/reduce/chunk_table.hpp"
-#include "towerpipe/reduce/exchange_plan.hpp"
-#include "towerpipe/reduce/lanes.hpp"
-#include "towerpipe/reduce/screen.hpp"
+#include "towerpipe/programs/agents.hpp"
+#include "towerpipe/programs/canonical_order.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
+#include "towerpipe/programs/exchange_plan.hpp"
+#include "towerpipe/programs/lanes.hpp"
+#include "towerpipe/programs/screen.hpp"
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
@@ -32,7 +32,7 @@ namespace detail {
 // This process's contributions, written to the rows of the send buffer: with `partial`, row 0 gets the
 // canonical sum of w_t * g_t over the local towers; else row t gets tower t's w_t * g_t. A checked step
 // (first_nonfinite set) screens every raw value under its global tower index, first_tower + t, as one
-// process screens it (reduce/screen.hpp) — only the process that holds a gradient can.
+// process screens it (programs/screen.hpp) — only the process that holds a gradient can.
 template <class T>
 struct contribution_agent {
   using value_type = T;
@@ -66,7 +66,7 @@ struct contribution_agent {
 };
 
 // The canonical sum over the rows that arrived at an owner, in global order. The rows are weighted
-// already. As a screen source (reduce/screen.hpp) it checks nothing on the way in: rows are sums, whose
+// already. As a screen source (programs/screen.hpp) it checks nothing on the way in: rows are sums, whose
 // raw values their senders screened; a non-finite row makes the sum non-finite, which the screen notes
 // as the sum's, as one process would note the overflow of that subtree.
 template <class T>
@@ -88,7 +88,7 @@ struct rows_sum_source {
   }
 };
 
-// An owner's unchecked step: the sum over its rows, then the optimizer (reduce/agents.hpp).
+// An owner's unchecked step: the sum over its rows, then the optimizer (programs/agents.hpp).
 template <class Optim, class T>
 struct rows_apply_agent {
   using value_type = T;
@@ -102,7 +102,7 @@ struct rows_apply_agent {
 };
 
 // Pointer-table entries for a buffer that holds the variables end to end, each padded
-// (reduce/owner_slices.hpp padded_flat_starts: the owners' compact storage in owner order): one per
+// (programs/owner_slices.hpp padded_flat_starts: the owners' compact storage in owner order): one per
 // variable, at base + the variable's padded start.
 template <class T>
 std::vector<T*> padded_flat_pointers(T* base, const variable_set& variables) {

@@ -1,6 +1,6 @@
 #pragma once
-// The processes of a reduce::sharded pipeline as its reducers see them (reduce/sharded.hpp for host
-// towers, reduce/sharded_across_processes.cuh for GPU towers): the group (pipeline_options::processes,
+// The processes of a reduce::sharded pipeline as its reducers see them (reduce/sharded/host_towers.hpp for host
+// towers, reduce/sharded/gpu_towers_across_processes.cuh for GPU towers): the group (pipeline_options::processes,
 // or this process alone), the configuration check before the first step, the checked step's screen
 // shared by every owner, and the pipeline's two agreements every step:
 //   before the towers run   every process's settings as of this step (step number, hyper-parameters,
@@ -23,9 +23,9 @@
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/pipeline_options.hpp"
-#include "towerpipe/reduce/screen.hpp"
-#include "towerpipe/split.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/step/split.hpp"
 
 namespace towerpipe {
 namespace detail {

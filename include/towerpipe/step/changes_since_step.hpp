@@ -1,0 +1,58 @@
+#pragma once
+// What was set on a pipeline between two steps, for the processes' agreement at the next one
+// (reduce/sharded/processes.hpp): whether the parameters were set (initialisation, a checkpoint), and
+// the optimizer state set, per slot and variable, the last values set winning. A process that resumed
+// other state than the others, or none, then differs in a digest.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "towerpipe/core/checksum.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+inline std::string hex_digest(std::uint64_t digest) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
+  return text;
+}
+
+class changes_since_step {
+ public:
+  void parameters_set() { parameters_set_ = true; }
+  void state_set(std::size_t slot, std::size_t variable, const void* values, std::size_t bytes) {
+    state_set_[{slot, variable}] = fnv1a(values, bytes);
+  }
+  void clear() {
+    parameters_set_ = false;
+    state_set_.clear();
+  }
+
+  // Two lines, "parameters: ..." and "optimizer state: ..."; parameter_digest() is called only when the
+  // parameters were set (it reads them all).
+  template <class ParameterDigest>
+  std::string describe(ParameterDigest&& parameter_digest) const {
+    std::string text = "parameters: ";
+    text += parameters_set_ ? "set since the last step, digest " + hex_digest(parameter_digest()) : "unchanged";
+    text += "\noptimizer state: ";
+    if (state_set_.empty()) return text + "unchanged";
+    std::uint64_t digest = fnv1a_basis;
+    for (const auto& [where, values] : state_set_) {
+      const std::uint64_t record[3] = {where.first, where.second, values};
+      digest = fnv1a(record, sizeof record, digest);
+    }
+    return text + "set since the last step, digest " + hex_digest(digest);
+  }
+
+ private:
+  bool parameters_set_ = false;
+  std::map<std::pair<std::size_t, std::size_t>, std::uint64_t> state_set_;
+};
+
+}  // namespace detail
+}  // namespace towerpipe
