@@ -27,7 +27,7 @@ foreach(marker IN LISTS markers)
 endforeach()
 
 string(REGEX MATCHALL "`(include|examples|tests|benchmarks|cmake|\\.ci)/[][A-Za-z0-9_.*/-]+`" repository_paths "${readme}")
-string(REGEX MATCHALL "`(core|comm|cuda|exec|io|layout|optim|reduce|trace)/[A-Za-z0-9_.*/-]+`" library_paths "${readme}")
+string(REGEX MATCHALL "`(core|comm|cuda|exec|io|layout|optim|programs|reduce|step|trace)/[A-Za-z0-9_.*/-]+`" library_paths "${readme}")
 foreach(quoted IN LISTS repository_paths library_paths)
   string(REPLACE "`" "" path "${quoted}")
   set(base ${SOURCE_DIR})

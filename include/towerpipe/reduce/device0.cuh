@@ -74,7 +74,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
     if constexpr (mixed) {
-      fail("reduce::device0: a mixed-precision step is always a checked one");  // pipeline::checked() says so
+      fail("reduce::device0: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
     } else {
       const nvtx_range range("towerpipe reduce::device0");
       device_guard on(root_);

@@ -310,7 +310,7 @@ class host_reducer {
   void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                          const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
     if constexpr (mixed) {
-      fail("reduce::host: a mixed-precision step is always a checked one");  // pipeline::checked() says so
+      fail("reduce::host: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
     } else {
       const auto start = std::chrono::steady_clock::now();
       pass_.run(towers.pool(), 0, pass_.chunks().size(), gradient_buffers(towers), towers.shared_parameters(), weights,

@@ -14,8 +14,8 @@ namespace detail {
 
 class loss_scaler {
  public:
+  // The rules are checked by check_rules (detail::validate, with the pipeline's other options).
   explicit loss_scaler(const loss_scaling& rules) : rules_(rules) {
-    check_rules(rules);
     if (on()) scale_ = static_cast<float>(rules.initial_scale);
   }
 

@@ -197,7 +197,7 @@ class sharded_host_reducer {
   // One fused step: contributions to their owners, canonical sum, optimizer, parameters gathered.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
                          stage_seconds& stages) {
-    if constexpr (mixed) fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked() says so
+    if constexpr (mixed) fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
     const auto start = std::chrono::steady_clock::now();
     send_contributions(towers, weights, false);
     update_slice(towers, constants, [&](std::size_t j, std::size_t n, const T*& sum, T (&scratch)[32][block]) {
