@@ -349,13 +349,14 @@ class pipeline {
 
   template <class TowerFn>
   step_stats step_held(TowerFn& fn) {
-    if (across_processes()) {  // what this process cannot do, every process must hear of
-      if (stage_refused_) refuse_on_every_process(*stage_refused_);
-      if (towers_->staged() == 0) refuse_on_every_process(no_staged_batch);
-      if (steps_done_ == max_steps) refuse_on_every_process(past_max_steps);
+    const std::optional<std::string> cannot = stage_refused_               ? stage_refused_
+                                              : towers_->staged() == 0       ? std::optional<std::string>(no_staged_batch)
+                                              : steps_done_ == max_steps     ? std::optional<std::string>(past_max_steps)
+                                                                             : std::nullopt;
+    if (cannot) {
+      if (across_processes()) refuse_on_every_process(*cannot);  // what this process cannot do, every process hears of
+      detail::fail(*cannot);
     }
-    if (towers_->staged() == 0) detail::fail(no_staged_batch);
-    if (steps_done_ == max_steps) detail::fail(past_max_steps);
     step_stats stats;
     const auto start = clock::now();
     const std::vector<shard> shards = towers_->next_shards();  // a copy: run() consumes the staged batch

@@ -262,6 +262,21 @@ std::vector<std::string> on_every_rank(std::size_t ranks, Body&& body) {
   return errors;
 }
 
+// One sharded_trainer of `towers` towers per rank over one thread group, each on a thread of its own,
+// built with `options` and its rank's group; body(rank, pipeline) runs on each. Returns each rank's
+// error message ("" where none).
+template <class Body>
+std::vector<std::string> on_every_rank_pipeline(std::size_t ranks, std::size_t towers, Body&& body,
+                                                const pipeline_options& options = {}) {
+  const auto group = thread_process_group::create(static_cast<int>(ranks));
+  return on_every_rank(ranks, [&](std::size_t r) {
+    pipeline_options with_group = options;
+    with_group.processes = group[r];
+    sharded_trainer p(rank_variables, inputs, towers, {}, with_group);
+    body(r, p);
+  });
+}
+
 }  // namespace
 
 TEST_CASE("reduce::sharded over thread ranks equals one process with every tower, bitwise", "[robustness][sharded][ranks]") {
@@ -278,12 +293,8 @@ TEST_CASE("reduce::sharded over thread ranks equals one process with every tower
         for (std::size_t v = 0; v < rank_variables.count(); ++v)
           expected.back().insert(expected.back().end(), single.parameter(v).begin(), single.parameter(v).end());
       }
-      const auto group = thread_process_group::create(static_cast<int>(ranks));
       std::vector<std::vector<std::vector<float>>> seen(ranks);
-      const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
-        pipeline_options options;
-        options.processes = group[r];
-        sharded_trainer p(rank_variables, inputs, towers, {}, options);
+      const std::vector<std::string> errors = on_every_rank_pipeline(ranks, towers, [&](std::size_t r, sharded_trainer& p) {
         for (int step = 1; step <= 3; ++step) {
           const std::vector<float> x = step_inputs(step, examples);
           p.step(rank_part(p, x), rank_tower);
@@ -304,13 +315,9 @@ TEST_CASE("reduce::sharded over thread ranks equals one process with every tower
 TEST_CASE("over thread ranks, a tower that throws on one rank fails the step on every rank alike, and the next step runs",
           "[robustness][sharded][ranks]") {
   const std::size_t ranks = 3, examples = 12;
-  const auto group = thread_process_group::create(static_cast<int>(ranks));
   std::vector<std::int64_t> steps(ranks);
   std::vector<std::string> failed(ranks);
-  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
-    pipeline_options options;
-    options.processes = group[r];
-    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+  const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 1, [&](std::size_t r, sharded_trainer& p) {
     const std::vector<float> x = step_inputs(1, examples);
     p.step(rank_part(p, x), rank_tower);
     failed[r] = error_of([&] {
@@ -349,14 +356,10 @@ TEST_CASE("over thread ranks, a rank that stops is named by the others at the de
 TEST_CASE("over thread ranks, a batch refused on one rank fails the step on every rank alike, and the next step runs",
           "[robustness][sharded][ranks]") {
   const std::size_t ranks = 3, examples = 12;
-  const auto group = thread_process_group::create(static_cast<int>(ranks));
   std::vector<std::int64_t> steps(ranks);
   std::vector<std::string> failed(ranks);
   std::vector<std::vector<float>> after(ranks);
-  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
-    pipeline_options options;
-    options.processes = group[r];
-    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+  const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 1, [&](std::size_t r, sharded_trainer& p) {
     const std::vector<float> x = step_inputs(1, examples);
     p.step(rank_part(p, x), rank_tower);
     batch wrong;
@@ -382,14 +385,10 @@ TEST_CASE("over thread ranks, batches that are not one process's cut of the glob
   // The adopter's trap: a batch of 102 cut 51 + 51 for 2 ranks x 2 towers trains another model than one
   // process with 4 towers does (26/26/25/25: rank 0 needs 52, rank 1 needs 50).
   const std::size_t ranks = 2;
-  const auto group = thread_process_group::create(static_cast<int>(ranks));
   std::vector<std::string> failed(ranks);
   std::vector<batch_part> parts(ranks);
   std::vector<std::int64_t> steps(ranks);
-  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
-    pipeline_options options;
-    options.processes = group[r];
-    sharded_trainer p(rank_variables, inputs, 2, {}, options);
+  const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 2, [&](std::size_t r, sharded_trainer& p) {
     const std::vector<float> x = step_inputs(1, 102);
     batch half;
     half.add("x", x.data() + 51 * r, 51, {1});
@@ -416,14 +415,10 @@ TEST_CASE("over thread ranks, a stage() refused or a step(fn) with nothing stage
   // Before, the refused rank's batches were one behind the others' and trained on silently, or its
   // step(fn) failed alone while the others waited for it until the deadline.
   const std::size_t ranks = 2;
-  const auto group = thread_process_group::create(static_cast<int>(ranks));
   std::vector<std::string> refused(ranks), unstaged(ranks);
   std::vector<std::int64_t> steps(ranks);
   std::vector<std::vector<float>> after(ranks);
-  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
-    pipeline_options options;
-    options.processes = group[r];
-    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+  const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 1, [&](std::size_t r, sharded_trainer& p) {
     const std::vector<float> x = step_inputs(1, 8), y = step_inputs(2, 8);
     batch wrong;
     wrong.add("y", x.data(), 4, {1});
@@ -473,13 +468,9 @@ TEST_CASE("over thread ranks, optimizer state set on one rank only stops every r
           "[robustness][sharded][ranks]") {
   // As after one rank loaded another checkpoint: the parameters agree, the optimizer state does not.
   const std::size_t ranks = 2;
-  const auto group = thread_process_group::create(static_cast<int>(ranks));
   std::vector<std::string> failed(ranks);
   std::vector<std::string> same_state(ranks);
-  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
-    pipeline_options options;
-    options.processes = group[r];
-    sharded_trainer p(rank_variables, inputs, 1, {}, options);
+  const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 1, [&](std::size_t r, sharded_trainer& p) {
     const std::vector<float> x = step_inputs(1, 8);
     std::vector<float> moment(7, 0.5f);
     moment[3] = r == 1 ? 0.25f : 0.5f;
@@ -501,20 +492,17 @@ TEST_CASE("over thread ranks, optimizer state set on one rank only stops every r
 TEST_CASE("over thread ranks with drop_remainder, a process's batch that leaves examples out of its towers is refused",
           "[robustness][sharded][ranks]") {
   const std::size_t ranks = 2;
-  const auto group = thread_process_group::create(static_cast<int>(ranks));
   std::vector<std::string> failed(ranks);
   std::vector<batch_part> parts(ranks);
-  const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
-    pipeline_options options;
-    options.processes = group[r];
-    options.split = split_policy::drop_remainder;
-    sharded_trainer p(rank_variables, inputs, 2, {}, options);
+  pipeline_options options;
+  options.split = split_policy::drop_remainder;
+  const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 2, [&](std::size_t r, sharded_trainer& p) {
     const std::vector<float> x = step_inputs(1, 11);
     batch b;
     b.add("x", x.data() + 5 * r, r == 0 ? 5 : 6, {1});
     failed[r] = error_of([&] { p.step(b, rank_tower); });
     parts[r] = p.process_part(11);
-  });
+  }, options);
   for (std::size_t r = 0; r < ranks; ++r) {
     INFO("rank " << r);
     CHECK(errors[r].empty());

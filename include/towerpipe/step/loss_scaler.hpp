@@ -25,18 +25,16 @@ class loss_scaler {
   std::int64_t good_steps() const { return good_steps_; }
 
   // A scale and good-step count restored or set by hand; refused whole unless every step can use them.
-  void set(double scale, std::int64_t good_steps) {
+  void check(double scale, std::int64_t good_steps) const {
     if (!on()) fail("a loss scale was given, but loss scaling is off (pipeline_options::loss_scale)");
     if (!usable(scale) || good_steps < 0 || (dynamic() && good_steps >= rules_.growth_interval))
       fail("a loss scale must be a positive normal float and its good-step count in [0, growth_interval = ",
            rules_.growth_interval, "); ", scale, " and ", good_steps, " given");
+  }
+  void set(double scale, std::int64_t good_steps) {
+    check(scale, good_steps);
     scale_ = static_cast<float>(scale);
     good_steps_ = good_steps;
-  }
-  // What set() would refuse, without changing anything.
-  void check(double scale, std::int64_t good_steps) const {
-    loss_scaler copy(*this);
-    copy.set(scale, good_steps);
   }
   double initial_scale() const { return rules_.initial_scale; }
 
