@@ -48,9 +48,10 @@
 #include "towerpipe/programs/screen.hpp"
 #include "towerpipe/reduce/reducer_contract.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/accumulation_window.hpp"
 #include "towerpipe/step/changes_since_step.hpp"
+#include "towerpipe/step/checked_verdict.hpp"
 #include "towerpipe/step/exclusive_call.hpp"
 #include "towerpipe/step/loss_scaler.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
@@ -63,20 +64,7 @@ namespace towerpipe {
 
 template <class Exec, class Reduce, class Optim, class Layout>
 class pipeline {
-  static_assert(detail::is_policy_of_kind<Exec, detail::exec_policy_kind>::value,
-                "towerpipe::pipeline: the first parameter must be an execution space: exec::host "
-                "(or exec::cuda from <towerpipe/cuda.cuh>)");
-  static_assert(detail::is_policy_of_kind<Reduce, detail::reduce_policy_kind>::value,
-                "towerpipe::pipeline: the second parameter must be a reduction backend: reduce::host "
-                "(or reduce::device0, reduce::p2p_tree from <towerpipe/cuda.cuh>)");
-  static_assert(detail::is_optimizer<Optim>::value,
-                "towerpipe::pipeline: the third parameter must be an optimizer: optim::sgd, optim::adam or optim::adamw");
-  static_assert(detail::is_layout<Layout>::value,
-                "towerpipe::pipeline: the fourth parameter must be a layout: layout::per_variable<T> or layout::flat<T>");
-  static_assert(std::is_floating_point<typename Layout::value_type>::value ||
-                    std::is_same<typename Layout::value_type, bfloat16>::value ||
-                    std::is_same<typename Layout::value_type, float16>::value,
-                "towerpipe::pipeline: the layout's values must be float, double, bfloat16 or float16");
+  static_assert(detail::check_pipeline_policies<Exec, Reduce, Optim, Layout>());
 
  public:
   using exec_policy = Exec;
@@ -84,16 +72,19 @@ class pipeline {
   using optimizer = Optim;
   using layout_policy = Layout;
   // The towers' gradients and parameters hold stored_type; master parameters, optimizer state and the
-  // averaged gradient are value_type: float for the 16-bit types (mixed precision), else the same.
+  // averaged gradient are master_type: float for the 16-bit types (mixed precision), else the same.
+  // value_type, as containers name what they hand out, is master_type.
   using stored_type = typename Layout::value_type;
-  using value_type = master_type_t<stored_type>;
-  static constexpr bool mixed_precision = !std::is_same<stored_type, value_type>::value;
+  using master_type = master_type_t<stored_type>;
+  using value_type = master_type;
+  static constexpr bool mixed_precision = !std::is_same<stored_type, master_type>::value;
   using hyper_parameters = typename Optim::hyper_parameters;
   using towers_type = typename Exec::template towers<Layout>;
   using reducer_type = typename reducer_for<Exec, Reduce, Optim, Layout>::type;
   using tower_context = typename towers_type::context;
   static_assert(detail::check_towers_contract<towers_type>());
-  static_assert(detail::check_reducer_contract<reducer_type, towers_type, Optim, value_type, mixed_precision>());
+  static_assert(detail::check_reducer_contract<reducer_type, towers_type, Optim, master_type, mixed_precision>());
+  static constexpr bool spans_processes = detail::reducer_spans_processes<reducer_type, towers_type, Optim>::value;
 
   pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
            const pipeline_options& options = {})
@@ -108,16 +99,16 @@ class pipeline {
     if (variables_->empty()) detail::fail("a pipeline needs at least one variable");
     detail::validate(inputs_);
     detail::validate(options_, towers, variables_->count(), checked_steps(options_));
-    if (options_.processes && !detail::reducer_spans_processes<reducer_type>::value)
+    if (options_.processes && !spans_processes)
       detail::fail("pipeline_options::processes is set, but reduce::", Reduce::name, " does not span processes: each process would ",
                    "train alone on its own shards; use reduce::sharded, or leave processes empty");
+    processes_ = std::make_unique<detail::processes>(
+        options_, checked_steps(options_), towers,
+        detail::configuration_fingerprint<Optim, Layout>(Exec::name, *variables_, hyper_parameters_, towers, options_));
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = make_reducer();
-    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      const auto& processes = reducer_->processes();
-      if (options_.trace != nullptr && processes.size() > 1)
-        options_.trace->set_process(processes.rank(), processes.size(), processes.global_tower(0));
-    }
+    if (options_.trace != nullptr && across_processes())
+      options_.trace->set_process(processes_->rank(), processes_->size(), processes_->global_tower(0));
   }
 
   pipeline(const pipeline&) = delete;
@@ -148,7 +139,7 @@ class pipeline {
 
   // Parameters as the towers see them, read-only between steps (copied to the host where they live on
   // devices); with mixed precision the master parameters, whose rounded copy the towers see.
-  tensor_view<const value_type> parameter(std::size_t index) const {
+  tensor_view<const master_type> parameter(std::size_t index) const {
     variables_->check_index(index);
     if constexpr (mixed_precision) {
       return reducer_->master_on_host(index);
@@ -156,29 +147,29 @@ class pipeline {
       return towers_->parameter_on_host(index);
     }
   }
-  tensor_view<const value_type> parameter(const std::string& name) const { return parameter(variables_->index_of(name)); }
+  tensor_view<const master_type> parameter(const std::string& name) const { return parameter(variables_->index_of(name)); }
 
   // Sets a variable's parameters on every tower.
-  void set_parameter(std::size_t index, const value_type* values, std::size_t count) {
+  void set_parameter(std::size_t index, const master_type* values, std::size_t count) {
     const detail::exclusive_call call(busy_, "set_parameter");
     set_parameter_held(index, values, count);
   }
-  void set_parameter(const std::string& name, const value_type* values, std::size_t count) {
+  void set_parameter(const std::string& name, const master_type* values, std::size_t count) {
     set_parameter(variables_->index_of(name), values, count);
   }
 
   // Calls init(variable, view) for every variable in order, e.g. to draw initial weights.
-  void initialize(const std::function<void(const variable&, tensor_view<value_type>)>& init) {
+  void initialize(const std::function<void(const variable&, tensor_view<master_type>)>& init) {
     for (std::size_t i = 0; i < variables_->count(); ++i) {
       const variable& v = (*variables_)[i];
-      std::vector<value_type> values(v.size);
-      init(v, tensor_view<value_type>(values.data(), v.shape));
+      std::vector<master_type> values(v.size);
+      init(v, tensor_view<master_type>(values.data(), v.shape));
       set_parameter(i, values.data(), values.size());
     }
   }
 
  private:
-  void set_parameter_held(std::size_t index, const value_type* values, std::size_t count) {
+  void set_parameter_held(std::size_t index, const master_type* values, std::size_t count) {
     variables_->check_index(index);
     const variable& v = (*variables_)[index];
     if (count != v.size)
@@ -194,14 +185,14 @@ class pipeline {
     if constexpr (detail::reducer_has_parameter_set<reducer_type>::value) reducer_->parameter_set(index, values);
     changes_.parameters_set();
   }
-  void set_optimizer_state_held(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
+  void set_optimizer_state_held(std::size_t slot, std::size_t index, const master_type* values, std::size_t count) {
     check_state_slot(slot, index);
     if (count != (*variables_)[index].size)
       detail::fail(Optim::name, " state slot ", slot, " of '", (*variables_)[index].name, "' set with ", count,
                    " values; it holds ", (*variables_)[index].size);
     reducer_->set_state(slot, index, values);
     // Each process's own record of what it set (a sharded process holds only its slice of the state).
-    changes_.state_set(slot, index, values, count * sizeof(value_type));
+    changes_.state_set(slot, index, values, count * sizeof(master_type));
   }
 
  public:
@@ -217,11 +208,11 @@ class pipeline {
                   "host); reduce::sharded on GPU towers spreads it over the towers");
     return reducer_->state_bytes_per_tower(towers_->towers());
   }
-  tensor_view<const value_type> optimizer_state(std::size_t slot, std::size_t index) const {
+  tensor_view<const master_type> optimizer_state(std::size_t slot, std::size_t index) const {
     check_state_slot(slot, index);
     return reducer_->state_on_host(slot, index);
   }
-  void set_optimizer_state(std::size_t slot, std::size_t index, const value_type* values, std::size_t count) {
+  void set_optimizer_state(std::size_t slot, std::size_t index, const master_type* values, std::size_t count) {
     const detail::exclusive_call call(busy_, "set_optimizer_state");
     set_optimizer_state_held(slot, index, values, count);
   }
@@ -247,7 +238,7 @@ class pipeline {
   // checked, so that a refused restore changes nothing. `values`: every variable's parameters in order,
   // then each state slot's values likewise. `loss_scale`: the scale and its good-step count, or none
   // (a file from before loss scaling was saved): the configured initial scale.
-  void restore_state(const value_type* values, std::int64_t steps, std::optional<std::pair<double, std::int64_t>> loss_scale) {
+  void restore_state(const master_type* values, std::int64_t steps, std::optional<std::pair<double, std::int64_t>> loss_scale) {
     const detail::exclusive_call call(busy_, "restore_state");
     check_step_count(steps);
     if (loss_scaling_on()) {
@@ -313,13 +304,8 @@ class pipeline {
   // part.examples). Across processes (reduce::sharded) the part its towers get where one process with
   // every tower would cut the batch; in one process, the examples the split uses.
   batch_part process_part(std::size_t global_examples) const {
-    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      const auto& processes = reducer_->processes();
-      return process_part_of(global_examples, towers(), static_cast<std::size_t>(processes.size()),
-                             static_cast<std::size_t>(processes.rank()), options_.split);
-    } else {
-      return process_part_of(global_examples, towers(), 1, 0, options_.split);
-    }
+    return process_part_of(global_examples, towers(), static_cast<std::size_t>(processes_->size()),
+                           static_cast<std::size_t>(processes_->rank()), options_.split);
   }
 
   // The most steps a pipeline counts: bias corrections take the step as a double, exact up to 2^53.
@@ -372,13 +358,13 @@ class pipeline {
       if (across_processes()) drop_staged();
       throw;
     }
-    std::vector<value_type> weights;
-    for (double w : exact_weights) weights.push_back(static_cast<value_type>(w));
+    std::vector<master_type> weights;
+    for (double w : exact_weights) weights.push_back(static_cast<master_type>(w));
     run_towers(fn, exact_weights, stats);
     stats.stages.towers = seconds_since(start);
 
     const auto reduce_start = clock::now();
-    const auto constants = Optim::template constants<value_type>(hyper_parameters_, steps_done_ + 1);
+    const auto constants = Optim::template constants<master_type>(hyper_parameters_, steps_done_ + 1);
     stats.step = steps_done_ + 1;
     if (checked_steps(options_)) {
       average_screen_and_apply(weights, constants, stats);
@@ -400,10 +386,13 @@ class pipeline {
 
   static bool checked_steps(const pipeline_options& options) { return detail::takes_checked_steps(options, mixed_precision); }
 
-  // Reducers that need the options (reduce::sharded: the process group) take them as a fourth argument.
+  // Reducers that need the options take them as a fourth argument; those whose towers span processes
+  // (reduce::sharded) the processes as a fifth (reduce/reducer_contract.hpp).
   std::unique_ptr<reducer_type> make_reducer() {
-    if constexpr (std::is_constructible<reducer_type, const variable_set&, const hyper_parameters&, towers_type&,
-                                        const pipeline_options&>::value) {
+    if constexpr (spans_processes) {
+      return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_, options_, *processes_);
+    } else if constexpr (std::is_constructible<reducer_type, const variable_set&, const hyper_parameters&, towers_type&,
+                                               const pipeline_options&>::value) {
       return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_, options_);
     } else {
       return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_);
@@ -412,46 +401,26 @@ class pipeline {
 
   // The towers' weights w_i = examples_i / all examples; with several processes (reduce::sharded) every
   // process's shards count, stats.examples becomes their total, and the processes first agree on this
-  // step's settings (reduce/sharded/processes.hpp).
+  // step's settings (step/processes.hpp).
   std::vector<double> tower_weights(const std::vector<shard>& shards, step_stats& stats) {
-    std::vector<double> weights;
-    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      weights = reducer_->processes().agree_before_towers(steps_done_ + 1, std::nullopt, step_settings(), shards,
-                                                          options_.split, stats.examples);
-      changes_.clear();
-    } else {
-      for (const shard& s : shards) {
-        weights.push_back(s.weight);
-        stats.examples += s.examples;
-      }
-    }
+    const std::vector<double> weights = processes_->agree_before_towers(
+        steps_done_ + 1, [&] { return step_settings(); }, shards, options_.split, stats.examples);
+    changes_.clear();
     return weights;
   }
 
-
   // Whether steps span several processes (reduce::sharded given pipeline_options::processes).
-  bool across_processes() const {
-    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      return reducer_->processes().size() > 1;
-    } else {
-      return false;
-    }
-  }
+  bool across_processes() const { return processes_->size() > 1; }
 
-  // This process cannot take part in the step (its batch was refused, it has none): it joins the step's
-  // first collective with the reason, which fails the step on every process alike, and drops every
-  // staged batch, as every other process does (step_held), so that the next batches line up again.
+  // This process cannot take part in the step (its batch was refused, it has none): every process fails
+  // the step alike and drops every staged batch (step_held), so that the next batches line up again.
   [[noreturn]] void refuse_on_every_process(const std::string& refusal) {
-    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      try {
-        std::size_t examples = 0;
-        reducer_->processes().agree_before_towers(steps_done_ + 1, refusal, step_settings(), {}, options_.split, examples);
-      } catch (...) {
-        drop_staged();
-        throw;
-      }
+    try {
+      processes_->refuse_step(steps_done_ + 1, refusal, [&] { return step_settings(); }, options_.split);
+    } catch (...) {
+      drop_staged();
+      throw;
     }
-    detail::fail(refusal);  // not reached across processes: a refusal fails the collective
   }
   void drop_staged() {
     while (towers_->staged() > 0) towers_->discard_next();
@@ -459,28 +428,16 @@ class pipeline {
     stage_refused_.reset();
   }
 
-  // The towers on this step's batch, their losses, and the loss weighted by `weights`. Across processes
-  // every process learns whether every process's towers succeeded: a failure on one is an error on all,
-  // with the same message, before anything is updated (reduce/sharded/processes.hpp).
+  // The towers on this step's batch, their losses, and the loss weighted by `weights`; across processes
+  // agreed by every process before anything is updated (step/processes.hpp).
   template <class TowerFn>
   void run_towers(TowerFn& fn, const std::vector<double>& weights, step_stats& stats) {
-    const auto weighted_loss = [&] {
+    stats.loss = processes_->agree_on_towers(steps_done_ + 1, [&] {
+      stats.tower_loss = towers_->run(fn, steps_done_ + 1);
       double loss = 0;
       for (std::size_t i = 0; i < weights.size(); ++i) loss += weights[i] * stats.tower_loss[i];
       return loss;
-    };
-    if constexpr (detail::reducer_spans_processes<reducer_type>::value) {
-      std::optional<std::string> failure;
-      try {
-        stats.tower_loss = towers_->run(fn, steps_done_ + 1);
-      } catch (...) {
-        failure = detail::current_exception_text();
-      }
-      stats.loss = reducer_->processes().agree_after_towers(steps_done_ + 1, failure ? 0.0 : weighted_loss(), failure);
-    } else {
-      stats.tower_loss = towers_->run(fn, steps_done_ + 1);
-      stats.loss = weighted_loss();
-    }
+    });
   }
 
   // What every process must agree on before a step's towers run, beyond what it compared at
@@ -494,8 +451,8 @@ class pipeline {
     return text + changes_.describe([&] {
       std::uint64_t digest = fnv1a_basis;
       for (std::size_t v = 0; v < variables_->count(); ++v) {
-        const tensor_view<const value_type> values = parameter(v);
-        digest = fnv1a(values.data(), values.size() * sizeof(value_type), digest);
+        const tensor_view<const master_type> values = parameter(v);
+        digest = fnv1a(values.data(), values.size() * sizeof(master_type), digest);
       }
       return digest;
     });
@@ -503,20 +460,14 @@ class pipeline {
 
   // A checked step (programs/screen.hpp): average and screen; skip or throw on a non-finite average;
   // clip; apply.
-  void average_screen_and_apply(const std::vector<value_type>& weights,
-                                const typename Optim::template step_constants<value_type>& constants, step_stats& stats) {
-    // Unscaling folded into the weights: (w * 2^-k) * g rounds as 2^-k * (w * g) does.
+  void average_screen_and_apply(const std::vector<master_type>& weights,
+                                const typename Optim::template step_constants<master_type>& constants, step_stats& stats) {
     stats.loss_scale = loss_scaler_.scale();
-    std::vector<value_type> unscaled(weights);
-    if (loss_scaler_.on()) {
-      const auto inverse = static_cast<value_type>(1.0 / loss_scaler_.scale());  // torch: scale.double().reciprocal().float()
-      for (value_type& w : unscaled) w = w * inverse;
-    }
     stats.micro_batch = window_.micro_batch();
-    const detail::accumulation<value_type> window = window_.place<value_type>(stats.examples);
+    const detail::accumulation<master_type> window = window_.place<master_type>(stats.examples);
     detail::screen_partials screen;
     try {
-      screen = reducer_->screen_average(*towers_, unscaled, window, stats.stages);
+      screen = reducer_->screen_average(*towers_, loss_scaler_.unscaled(weights), window, stats.stages);
     } catch (...) {
       window_.reset();  // the running sum may be half written: the window starts again
       throw;
@@ -528,35 +479,19 @@ class pipeline {
     }
     const detail::nonfinite_key first_nonfinite = window_.first_nonfinite(screen.first_nonfinite);
     window_.reset();
-    stats.gradient_norm = std::sqrt(screen.sum_of_squares());
-    const bool finite = first_nonfinite == detail::no_nonfinite;
-    loss_scaler_.update(finite);
-    if (!finite && options_.on_nonfinite != nonfinite_policy::unchecked) {
-      stats.nonfinite = describe(detail::decode_nonfinite_key(first_nonfinite));
-      stats.skipped = true;
-      if (options_.on_nonfinite == nonfinite_policy::throw_error)
-        detail::fail("step ", stats.step, ": non-finite averaged gradient at element ", stats.nonfinite->element,
-                     " ", stats.nonfinite->index, " of variable '", stats.nonfinite->variable_name, "': ",
-                     stats.nonfinite->tower ? detail::make_message("tower ", *stats.nonfinite->tower, "'s gradient is non-finite there")
-                                            : std::string("every tower's gradient is finite there, their weighted sum overflowed"),
-                     "; nothing was updated");
-      return;
-    }
-    if (options_.max_grad_norm > 0)  // torch.nn.utils.clip_grad_norm_: clamp(max_norm / (norm + 1e-6), max=1)
-      stats.clip_coefficient = std::min(1.0, options_.max_grad_norm / (*stats.gradient_norm + 1e-6));
-    reducer_->apply_averaged(*towers_, static_cast<value_type>(stats.clip_coefficient), constants, stats.stages);
+    loss_scaler_.update(first_nonfinite == detail::no_nonfinite);
+    const detail::checked_verdict verdict = detail::judge_checked_step(screen, first_nonfinite, options_, *variables_, stats.step);
+    stats.gradient_norm = verdict.gradient_norm;
+    stats.nonfinite = verdict.nonfinite;
+    stats.skipped = !verdict.apply;
+    stats.clip_coefficient = verdict.clip_coefficient;
+    if (verdict.apply)
+      reducer_->apply_averaged(*towers_, static_cast<master_type>(verdict.clip_coefficient), constants, stats.stages);
   }
 
   static constexpr const char* past_max_steps =
       "the pipeline has done 2^53 steps, the most it counts (bias corrections take the step as a double)";
   static constexpr const char* no_staged_batch = "step(fn) needs a staged batch: call stage(batch) or step(batch, fn)";
-
-  nonfinite_gradient describe(const detail::nonfinite_place& place) const {
-    const variable& v = (*variables_)[place.variable];
-    nonfinite_gradient found{place.variable, v.name, place.element, shaped_index(v, place.element), std::nullopt};
-    if (place.tower != detail::nonfinite_sum_tower) found.tower = place.tower;
-    return found;
-  }
 
   static double seconds_since(clock::time_point start) {
     return std::chrono::duration<double>(clock::now() - start).count();
@@ -579,6 +514,7 @@ class pipeline {
   detail::tracer tracer_;
   hyper_parameters hyper_parameters_;
   std::unique_ptr<towers_type> towers_;
+  std::unique_ptr<detail::processes> processes_;  // the processes the towers span; this one alone without options.processes
   std::unique_ptr<reducer_type> reducer_;
   std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;

@@ -5,6 +5,8 @@
 
 #include <type_traits>
 
+#include "towerpipe/core/half_types.hpp"
+
 namespace towerpipe {
 namespace detail {
 
@@ -29,6 +31,28 @@ template <class Layout, class = void>
 struct is_layout : std::false_type {};
 template <class Layout>
 struct is_layout<Layout, std::void_t<typename Layout::value_type, decltype(Layout::alignment)>> : std::true_type {};
+
+// pipeline<Exec, Reduce, Optim, Layout>'s arguments, each of its kind, in order.
+template <class Exec, class Reduce, class Optim, class Layout>
+constexpr bool check_pipeline_policies() {
+  static_assert(is_policy_of_kind<Exec, exec_policy_kind>::value,
+                "towerpipe::pipeline: the first parameter must be an execution space: exec::host "
+                "(or exec::cuda from <towerpipe/cuda.cuh>)");
+  static_assert(is_policy_of_kind<Reduce, reduce_policy_kind>::value,
+                "towerpipe::pipeline: the second parameter must be a reduction backend: reduce::host "
+                "(or reduce::device0, reduce::p2p_tree from <towerpipe/cuda.cuh>)");
+  static_assert(is_optimizer<Optim>::value,
+                "towerpipe::pipeline: the third parameter must be an optimizer: optim::sgd, optim::adam or optim::adamw");
+  static_assert(is_layout<Layout>::value,
+                "towerpipe::pipeline: the fourth parameter must be a layout: layout::per_variable<T> or layout::flat<T>");
+  if constexpr (is_layout<Layout>::value) {
+    static_assert(std::is_floating_point<typename Layout::value_type>::value ||
+                      std::is_same<typename Layout::value_type, bfloat16>::value ||
+                      std::is_same<typename Layout::value_type, float16>::value,
+                  "towerpipe::pipeline: the layout's values must be float, double, bfloat16 or float16");
+  }
+  return true;
+}
 
 }  // namespace detail
 }  // namespace towerpipe

@@ -139,7 +139,7 @@ namespace detail {
 // The checkpoint file's bytes (see the top) for a pipeline.
 template <class Pipeline>
 std::string checkpoint_bytes(const Pipeline& pipeline) {
-  using T = typename Pipeline::value_type;
+  using T = typename Pipeline::master_type;
   // The window's running sum is not saved: resuming from here would start a new window and shift every
   // later one.
   if (pipeline.micro_batches_pending() != 0)
@@ -187,7 +187,7 @@ namespace detail {
 // load_checkpoint on bytes already read; `path` names them in messages (the fuzz harness calls this).
 template <class Pipeline>
 void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const std::string& path) {
-  using T = typename Pipeline::value_type;
+  using T = typename Pipeline::master_type;
   const auto reject = [&](const auto&... why) { detail::fail("checkpoint ", path, ": ", why...); };
 
   const std::size_t preamble = sizeof detail::checkpoint_magic + sizeof(std::uint32_t) + sizeof(std::uint64_t);

@@ -23,12 +23,13 @@
 //   tensor_view<const T> master_on_host(variable)      the master parameters, between steps
 // Optional:
 //   reducer(variables, hyper_parameters, towers&, const pipeline_options&)   a constructor that reads the options
+//   reducer(variables, hyper_parameters, towers&, const pipeline_options&, const processes&)
+//                                                       for reducers whose towers span processes
+//                                                       (reduce::sharded): the pipeline owns the processes
+//                                                       (step/processes.hpp), agrees with the others through
+//                                                       them every step, and lends them for the exchange
 //   void parameter_set(variable, const T* values)       told after the towers' parameters were set, for
 //                                                       reducers that keep a master copy of their own
-//   const sharded_processes& processes() const          for reducers whose towers span processes
-//                                                       (reduce::sharded): the pipeline agrees with the
-//                                                       other processes through it every step
-//                                                       (reduce/sharded/processes.hpp)
 //   std::vector<std::size_t> state_bytes_per_tower(towers) const   for reducers that spread the optimizer
 //                                                       state over the towers' devices (reduce::sharded)
 
@@ -39,7 +40,10 @@
 
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/exec/towers_contract.hpp"
+#include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/programs/screen.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
+#include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/split.hpp"
 #include "towerpipe/step/stats.hpp"
 
@@ -75,7 +79,10 @@ TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std:
 TOWERPIPE_DETECT_MEMBER(reducer_has_master_on_host, std::declval<T&>().master_on_host(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_spreads_state, std::declval<const T&>().state_bytes_per_tower(std::size_t{}));
-TOWERPIPE_DETECT_MEMBER(reducer_spans_processes, std::declval<const T&>().processes());
+
+template <class Reducer, class Towers, class Optim>
+using reducer_spans_processes = std::is_constructible<Reducer, const variable_set&, const typename Optim::hyper_parameters&, Towers&,
+                                                      const pipeline_options&, const processes&>;
 
 template <class Reducer, class Towers, class Optim, class T, bool MixedPrecision>
 constexpr bool check_reducer_contract() {

@@ -1,6 +1,6 @@
 #pragma once
 // What was set on a pipeline between two steps, for the processes' agreement at the next one
-// (reduce/sharded/processes.hpp): whether the parameters were set (initialisation, a checkpoint), and
+// (step/processes.hpp): whether the parameters were set (initialisation, a checkpoint), and
 // the optimizer state set, per slot and variable, the last values set winning. A process that resumed
 // other state than the others, or none, then differs in a digest.
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
@@ -22,6 +23,15 @@ class loss_scaler {
   bool on() const { return rules_.mode != loss_scale_mode::off; }
   bool dynamic() const { return rules_.mode == loss_scale_mode::dynamic; }
   float scale() const { return scale_; }  // 1 when off
+
+  // The towers' weights with the unscaling folded in: (w * 2^-k) * g rounds as 2^-k * (w * g) does.
+  template <class T>
+  std::vector<T> unscaled(std::vector<T> weights) const {
+    if (!on()) return weights;
+    const auto inverse = static_cast<T>(1.0 / scale_);  // torch: scale.double().reciprocal().float()
+    for (T& w : weights) w = w * inverse;
+    return weights;
+  }
   std::int64_t good_steps() const { return good_steps_; }
 
   // A scale and good-step count restored or set by hand; refused whole unless every step can use them.

@@ -48,7 +48,7 @@
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/reduce/sharded/host_towers.hpp"
 #include "towerpipe/reduce/sharded/gpu_towers_across_processes.cuh"
-#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
@@ -320,16 +320,12 @@ class sharded_gpu_reducer {
   using hyper_parameters = typename Optim::hyper_parameters;
   using constants_type = typename Optim::template step_constants<T>;
 
+  // `span`: the processes, their configuration already compared (step/processes.hpp).
   sharded_gpu_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
-                      const pipeline_options& options)
-      : span_(options, takes_checked_steps(options, false), towers.towers(),
-              sharded_fingerprint<Optim, Layout>("cuda", variables, h, towers.towers(), options)) {
-    if (options.processes) across_ = std::make_unique<sharded_process_reducer<Optim, Layout>>(variables, h, towers, options, span_);
+                      const pipeline_options& options, const processes& span) {
+    if (options.processes) across_ = std::make_unique<sharded_process_reducer<Optim, Layout>>(variables, h, towers, options, span);
     else within_ = std::make_unique<sharded_device_reducer<Optim, Layout>>(variables, h, towers, options);
   }
-
-  // The processes the pipeline's towers span, for its agreements every step.
-  const sharded_processes& processes() const { return span_; }
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
                          stage_seconds& stages) {
@@ -362,7 +358,6 @@ class sharded_gpu_reducer {
     return within_ ? f(*within_) : f(*across_);
   }
 
-  sharded_processes span_;
   std::unique_ptr<sharded_device_reducer<Optim, Layout>> within_;
   std::unique_ptr<sharded_process_reducer<Optim, Layout>> across_;
 };

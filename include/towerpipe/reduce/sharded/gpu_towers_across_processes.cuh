@@ -44,7 +44,7 @@
 #include "towerpipe/reduce/device_state.cuh"
 #include "towerpipe/programs/exchange_plan.hpp"
 #include "towerpipe/programs/process_agents.hpp"
-#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
@@ -83,9 +83,9 @@ class sharded_process_reducer {
   using device_buffer = typename cuda_towers<Layout>::device_buffer;
   static_assert(check_sharded_gpu_types<T, Policy>());
 
-  // `span`: the processes, their configuration already compared (reduce/sharded/processes.hpp).
+  // `span`: the processes, their configuration already compared (step/processes.hpp).
   sharded_process_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
-                          const pipeline_options& options, const sharded_processes& span)
+                          const pipeline_options& options, const processes& span)
       : variables_(variables),
         span_(span),
         device_(towers.device(0)),
@@ -335,7 +335,7 @@ class sharded_process_reducer {
   }
 
   const variable_set& variables_;
-  const sharded_processes& span_;
+  const processes& span_;
   int device_;
   cuda_stream stream_;
   cuda_event start_, end_;

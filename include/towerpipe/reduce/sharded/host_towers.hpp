@@ -59,7 +59,7 @@
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/programs/screen.hpp"
-#include "towerpipe/reduce/sharded/processes.hpp"
+#include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/split.hpp"
 #include "towerpipe/step/stats.hpp"
 
@@ -140,11 +140,11 @@ class sharded_host_reducer {
   static constexpr std::size_t block = 256;              // elements per canonical_tree_reduce over scratch rows
   static constexpr std::size_t work_elements = 1 << 15;  // elements per task on the thread pool (whole tiles)
 
-  sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>& towers,
-                       const pipeline_options& options)
+  // `span`: the processes, their configuration already compared (step/processes.hpp).
+  sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&,
+                       const pipeline_options& options, const processes& span)
       : variables_(variables),
-        span_(options, takes_checked_steps(options, mixed), towers.towers(),
-              sharded_fingerprint<Optim, Layout>("host", variables, h, towers.towers(), options)),
+        span_(span),
         rank_(span_.rank()),
         processes_(span_.size()),
         local_towers_(span_.local_towers()),
@@ -164,9 +164,6 @@ class sharded_host_reducer {
       my_tiles_ = plan_.tiles_of(rank_);
     }
   }
-
-  // The processes the pipeline's towers span, for its agreements every step.
-  const sharded_processes& processes() const { return span_; }
 
   // Mixed precision: every process keeps the whole master copy (the gather brings it every step), whose
   // rounded copy the towers see; the pipeline reads it here and sets it through parameter_set.
@@ -416,7 +413,7 @@ class sharded_host_reducer {
   }
 
   const variable_set& variables_;
-  sharded_processes span_;
+  const processes& span_;
   int rank_, processes_;
   std::size_t local_towers_;
   slice_plan plan_;

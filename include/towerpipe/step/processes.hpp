@@ -1,8 +1,8 @@
 #pragma once
-// The processes of a reduce::sharded pipeline as its reducers see them (reduce/sharded/host_towers.hpp for host
-// towers, reduce/sharded/gpu_towers_across_processes.cuh for GPU towers): the group (pipeline_options::processes,
-// or this process alone), the configuration check before the first step, the checked step's screen
-// shared by every owner, and the pipeline's two agreements every step:
+// The processes a pipeline's towers span (pipeline_options::processes with reduce::sharded; one process
+// without it), owned by the pipeline and lent to the reducer for its exchange: the group, the
+// configuration check before the first step, the checked step's screen shared by every owner, and the
+// pipeline's two agreements every step:
 //   before the towers run   every process's settings as of this step (step number, hyper-parameters,
 //                           loss scale, parameters set since the last step) must be the same; the
 //                           towers' weights over every process's examples;
@@ -75,7 +75,7 @@ inline std::string first_difference(const std::vector<std::string>& texts) {
 
 // What every process compares before the first step, a line each ("key: value").
 template <class Optim, class Layout>
-std::vector<std::string> sharded_fingerprint(const char* execution, const variable_set& variables,
+std::vector<std::string> configuration_fingerprint(const char* execution, const variable_set& variables,
                                              const typename Optim::hyper_parameters& h, std::size_t towers,
                                              const pipeline_options& options) {
   std::vector<std::string> lines{
@@ -97,13 +97,12 @@ std::vector<std::string> sharded_fingerprint(const char* execution, const variab
   return lines;
 }
 
-class sharded_processes {
+class processes {
  public:
-  // Compares `fingerprint` (sharded_fingerprint) across the processes: a difference fails on every
+  // Compares `fingerprint` (configuration_fingerprint) across the processes: a difference fails on every
   // process with the same message, naming the first differing line of the first differing rank.
   // checked: whether steps take the checked passes (takes_checked_steps).
-  sharded_processes(const pipeline_options& options, bool checked, std::size_t local_towers,
-                    const std::vector<std::string>& fingerprint)
+  processes(const pipeline_options& options, bool checked, std::size_t local_towers, const std::vector<std::string>& fingerprint)
       : group_(options.processes ? options.processes : std::make_shared<single_process>()),
         rank_(group_->rank()),
         size_(group_->size()),
@@ -120,15 +119,73 @@ class sharded_processes {
   std::size_t towers() const { return local_towers_ * static_cast<std::size_t>(size_); }  // over every process
   std::size_t global_tower(std::size_t local) const { return static_cast<std::size_t>(rank_) * local_towers_ + local; }
 
-  // The first collective of a step, before the towers run; every check below fails on every process
-  // with the same message, before anything changes:
-  //   refusal   what refused this process's batch (step(batch, fn)), nothing where it was staged;
-  //   settings  this process's settings as of this step, a line each, which must be the same;
-  //   shards    this process's towers' shards, which must be its part of the global batch as one
-  //             process with every tower would cut it (process_part_of), else the step would differ.
+  // The first collective of a step, before the towers run, across processes; every check below fails
+  // on every process with the same message, before anything changes:
+  //   settings()  this process's settings as of this step, a line each, which must be the same;
+  //   shards      this process's towers' shards, which must be its part of the global batch as one
+  //               process with every tower would cut it (process_part_of), else the step would differ.
   // Returns this process's towers' weights examples_i / all examples (as plan_split computes them in
-  // one process) and sets `examples` to the count over every process.
-  std::vector<double> agree_before_towers(std::int64_t step, const std::optional<std::string>& refusal, const std::string& settings,
+  // one process) and sets `examples` to the count over every process. One process: the shards' own.
+  template <class Settings>
+  std::vector<double> agree_before_towers(std::int64_t step, Settings&& settings, const std::vector<shard>& shards,
+                                          split_policy policy, std::size_t& examples) const {
+    std::vector<double> weights;
+    if (size_ > 1) return exchange_before_towers(step, std::nullopt, settings(), shards, policy, examples);
+    for (const shard& s : shards) {
+      weights.push_back(s.weight);
+      examples += s.examples;
+    }
+    return weights;
+  }
+
+  // This process cannot take part in the step (its batch was refused, it has none): it joins the step's
+  // first collective with `refusal`, which fails the step on every process alike.
+  template <class Settings>
+  [[noreturn]] void refuse_step(std::int64_t step, const std::string& refusal, Settings&& settings, split_policy policy) const {
+    std::size_t examples = 0;
+    if (size_ > 1) exchange_before_towers(step, refusal, settings(), {}, policy, examples);
+    fail(refusal);  // one process: this one alone
+  }
+
+  // run_towers() runs this process's towers and returns their weighted loss. Across processes every
+  // process learns whether every process's towers succeeded: one failure is every process's error, the
+  // same message everywhere, before anything is updated; else returns the sum of the processes' losses
+  // in rank order (the same bits on every process). One process: run_towers() as it is.
+  template <class RunTowers>
+  double agree_on_towers(std::int64_t step, RunTowers&& run_towers) const {
+    if (size_ == 1) return run_towers();
+    std::optional<std::string> failure;
+    double loss = 0;
+    try {
+      loss = run_towers();
+    } catch (...) {
+      failure = current_exception_text();
+    }
+    return exchange_after_towers(step, loss, failure);
+  }
+
+  // Every process's first non-finite key (the least wins) and its owner's tiles' sums (owners' tiles
+  // follow in rank order, as tiles follow in flat order).
+  screen_partials share_screen(const screen_partials& mine) const {
+    std::string bytes(sizeof mine.first_nonfinite + mine.tile_sums.size() * sizeof(double), '\0');
+    std::memcpy(bytes.data(), &mine.first_nonfinite, sizeof mine.first_nonfinite);
+    if (!mine.tile_sums.empty())  // an owner of no tiles has no array to copy from
+      std::memcpy(bytes.data() + sizeof mine.first_nonfinite, mine.tile_sums.data(), mine.tile_sums.size() * sizeof(double));
+    screen_partials all;
+    for (const std::string& part : group_->all_gather(bytes.data(), bytes.size(), "sharing the gradient screen")) {
+      nonfinite_key key = no_nonfinite;
+      std::memcpy(&key, part.data(), sizeof key);
+      all.first_nonfinite = std::min(all.first_nonfinite, key);
+      const std::size_t before = all.tile_sums.size();
+      all.tile_sums.resize(before + (part.size() - sizeof key) / sizeof(double));
+      if (part.size() > sizeof key) std::memcpy(all.tile_sums.data() + before, part.data() + sizeof key, part.size() - sizeof key);
+    }
+    return all;
+  }
+
+ private:
+  // agree_before_towers across processes; with a refusal, that refusal on every process.
+  std::vector<double> exchange_before_towers(std::int64_t step, const std::optional<std::string>& refusal, const std::string& settings,
                                           const std::vector<shard>& shards, split_policy policy, std::size_t& examples) const {
     std::string mine;
     append_text(mine, refusal ? *refusal : std::string());
@@ -163,11 +220,9 @@ class sharded_processes {
     return local;
   }
 
-  // The second collective of a step, after the towers ran: `failure` is what failed on this process,
-  // nothing where its towers succeeded. Any failure is every process's error, the same message
-  // everywhere; else returns the sum of the processes' losses in rank order (the same bits on every
-  // process).
-  double agree_after_towers(std::int64_t step, double loss, const std::optional<std::string>& failure) const {
+  // agree_on_towers across processes: `failure` is what failed on this process, nothing where its towers
+  // succeeded.
+  double exchange_after_towers(std::int64_t step, double loss, const std::optional<std::string>& failure) const {
     std::string mine(1 + sizeof loss, failure ? 'F' : 'S');  // failed or succeeded, the loss, what failed
     std::memcpy(mine.data() + 1, &loss, sizeof loss);
     if (failure) mine += *failure;
@@ -188,26 +243,6 @@ class sharded_processes {
     return total;
   }
 
-  // Every process's first non-finite key (the least wins) and its owner's tiles' sums (owners' tiles
-  // follow in rank order, as tiles follow in flat order).
-  screen_partials share_screen(const screen_partials& mine) const {
-    std::string bytes(sizeof mine.first_nonfinite + mine.tile_sums.size() * sizeof(double), '\0');
-    std::memcpy(bytes.data(), &mine.first_nonfinite, sizeof mine.first_nonfinite);
-    if (!mine.tile_sums.empty())  // an owner of no tiles has no array to copy from
-      std::memcpy(bytes.data() + sizeof mine.first_nonfinite, mine.tile_sums.data(), mine.tile_sums.size() * sizeof(double));
-    screen_partials all;
-    for (const std::string& part : group_->all_gather(bytes.data(), bytes.size(), "sharing the gradient screen")) {
-      nonfinite_key key = no_nonfinite;
-      std::memcpy(&key, part.data(), sizeof key);
-      all.first_nonfinite = std::min(all.first_nonfinite, key);
-      const std::size_t before = all.tile_sums.size();
-      all.tile_sums.resize(before + (part.size() - sizeof key) / sizeof(double));
-      if (part.size() > sizeof key) std::memcpy(all.tile_sums.data() + before, part.data() + sizeof key, part.size() - sizeof key);
-    }
-    return all;
-  }
-
- private:
   // The processes' shards, rank-major, must be one process's cut of their examples.
   void check_canonical_cut(std::int64_t step, const std::vector<std::uint64_t>& counts, std::size_t used, split_policy policy) const {
     const std::vector<shard> cut = plan_split(used, towers(), policy);
