@@ -1,5 +1,7 @@
 // The canonical summation order (README.md, invariant 2): the tree sum written here from its
 // definition must equal what the library computes, bitwise, directly and through whole pipelines.
+#include <towerpipe/programs/agents.hpp>
+#include <towerpipe/programs/canonical_order.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -164,4 +166,39 @@ TEST_CASE("repeated runs, thread counts and layouts give bitwise-equal parameter
   const auto per_variable =
       train_on_fixed_gradients<layout::per_variable<float>, optim::adam>(towers, variables, grads, adam, 3, 13);
   for (std::size_t v = 0; v < variables.count(); ++v) CHECK(first_bitwise_difference(per_variable[v], reference[v]) == -1);
+}
+
+// The tree as the device reducers run it (programs/canonical_order.hpp canonical_tree_rounds, the edges
+// of programs/agents.hpp), one round after another.
+TEST_CASE("the tree rounds reproduce the canonical sum bitwise", "[multi_tensor][canonical]") {
+  using namespace towerpipe::detail;
+  random_source random(60);
+  INFO("seed " << random.seed());
+  for (int towers = 2; towers <= 17; ++towers) {
+    INFO("towers " << towers);
+    for (int trial = 0; trial < 100; ++trial) {
+      std::vector<float> raw = random.wide(static_cast<std::size_t>(towers));
+      const std::vector<float> weights = random.normal(static_cast<std::size_t>(towers));
+      const float expected = canonical_sum<float>(
+          towers, [&](int t) { return detail::rounded_mul(weights[static_cast<std::size_t>(t)], raw[static_cast<std::size_t>(t)]); });
+      float* pointers[32];
+      for (int t = 0; t < towers; ++t) pointers[t] = &raw[static_cast<std::size_t>(t)];
+      const pointer_table<float> sums{pointers, 1};
+      const auto rounds = canonical_tree_rounds<float>(towers, weights);
+      float result = 0;
+      for (std::size_t r = 0; r < rounds.size(); ++r) {
+        for (const tree_edge<float>& edge : rounds[r]) {
+          nonfinite_key unchecked = no_nonfinite;
+          const float combined = edge.combine<1>(sums, 0, 0, unchecked).value[0];
+          if (r + 1 == rounds.size()) {
+            REQUIRE(edge.left == 0);
+            result = combined;
+          } else {
+            raw[static_cast<std::size_t>(edge.left)] = combined;
+          }
+        }
+      }
+      REQUIRE(bits_of(result) == bits_of(expected));
+    }
+  }
 }

@@ -2,19 +2,26 @@
 // Which tower buffers the device reducers use directly and which they reach through copies: the
 // copying paths (no peer access between two devices, or pipeline_options::direct_device_access off, as
 // the GPU tests use to run these paths on one device). Decided here, in plain C++, from the towers'
-// devices and peer-access pairs, so that the host tests check the very wiring the GPU reducers are
-// built from against the canonical sums (tests/host/test_multi_tensor.cpp).
+// devices and peer-access pairs, with the pointer tables and copy lists (programs/copy_list.hpp) that
+// follow, so that the host tests run the very wiring the GPU reducers are built from against the
+// canonical sums (tests/host/test_device_backends_emulated.cpp). `Towers` is exec::cuda's towers or
+// the tests' host stand-in: towers(), device(t), gradients(t), replica(t), access().
 //
 // A tower's own buffers are always direct for work on its own stream: tower t's kernels run on t's
 // device. The switch only decides whether a kernel on one tower's stream may use another tower's
 // memory, even on the same device.
 
+#include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <set>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "towerpipe/programs/agents.hpp"
+#include "towerpipe/programs/chunk_table.hpp"
+#include "towerpipe/programs/copy_list.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -27,6 +34,7 @@ class tower_access {
       : devices_(std::move(devices)), peers_(std::move(peers)), direct_(direct) {}
 
   std::size_t towers() const { return devices_.size(); }
+  int device(std::size_t tower) const { return devices_[tower]; }
   // Whether a kernel on tower `reader`'s stream may use tower `tower`'s buffers in place.
   bool reaches(std::size_t reader, std::size_t tower) const {
     if (reader == tower) return true;
@@ -46,6 +54,63 @@ class tower_access {
   std::vector<int> devices_;
   std::set<std::pair<int, int>> peers_;
   bool direct_;
+};
+
+// The towers' buffers as a kernel on one reader's device uses them: reduce::device0 (reader 0, the
+// root) and reduce::sharded across processes (tower 0's device). A tower the reader reaches is used in
+// place; any other gets whole copies on the reader's device (CopyBuffer, allocated from `memory`): its
+// gradients, copied in before the pass, and, with `replicas_too` (device0), its replica, which the pass
+// writes and which is copied out after it. Never the reader itself: the master copy is its replica.
+template <class CopyBuffer>
+class tower_copies {
+ public:
+  using value_type = std::remove_pointer_t<decltype(std::declval<const CopyBuffer&>().data(0))>;
+
+  template <class Towers, class Memory>
+  tower_copies(Towers& towers, std::size_t reader, const Memory& memory, bool replicas_too)
+      : copied_(towers.access().copied_by(reader)), gradients_(copied_.size()), replicas_(copied_.size()) {
+    const int device = towers.device(reader);
+    for (std::size_t t = 0; t < copied_.size(); ++t) {
+      if (!copied_[t]) {
+        append(gradient_pointers_, towers.gradients(t));
+        append(replica_pointers_, towers.replica(t));
+        continue;
+      }
+      const auto& variables = towers.gradients(t).variables();
+      gradients_[t] = std::make_unique<CopyBuffer>(variables, memory);
+      add_whole_copy(gradients_in_, *gradients_[t], device, towers.gradients(t), towers.device(t));
+      append(gradient_pointers_, *gradients_[t]);
+      if (!replicas_too) continue;
+      replicas_[t] = std::make_unique<CopyBuffer>(variables, memory);
+      add_whole_copy(replicas_out_, towers.replica(t), towers.device(t), *replicas_[t], device);
+      append(replica_pointers_, *replicas_[t]);
+    }
+  }
+
+  std::size_t towers() const { return copied_.size(); }
+  bool copied(std::size_t t) const { return copied_[t] != 0; }
+  // The towers the reader uses in place.
+  int reached() const { return static_cast<int>(std::count(copied_.begin(), copied_.end(), 0)); }
+  // Pointer-table entries, role = tower: where the pass reads each tower's gradients.
+  const std::vector<value_type*>& gradients() const { return gradient_pointers_; }
+  // With replicas_too, role = tower: where the pass writes each tower's new parameters. Without, the
+  // replicas of the towers the reader reaches, in tower order (none: no entries).
+  const std::vector<value_type*>& replicas() const { return replica_pointers_; }
+  // Before the pass, after the towers' gradients are ready.
+  const copy_list<value_type>& gradients_in() const { return gradients_in_; }
+  // After the pass that wrote the replicas (replicas_too).
+  const copy_list<value_type>& replicas_out() const { return replicas_out_; }
+
+ private:
+  template <class Buffer>
+  static void append(std::vector<value_type*>& pointers, const Buffer& buffer) {
+    for (std::size_t v = 0; v < buffer.variables().count(); ++v) pointers.push_back(buffer.data(v));
+  }
+
+  std::vector<char> copied_;
+  std::vector<std::unique_ptr<CopyBuffer>> gradients_, replicas_;  // per tower; null: used in place
+  std::vector<value_type*> gradient_pointers_, replica_pointers_;
+  copy_list<value_type> gradients_in_, replicas_out_;
 };
 
 // reduce::p2p_tree (reduce/p2p_tree.cuh) over the canonical tree's rounds. Every tower's partial sum
@@ -84,6 +149,47 @@ struct tree_wiring {
       written_by_root[t] = up == 0 && access.reaches(0, t);
       pulls_directly[t] = access.reaches(t, up);
     }
+  }
+
+  // Tower `reader`'s view of every tower's partial sum, role = tower: the tower's gradient buffer in
+  // place, or `scratch` (the reader's; null where it needs none).
+  template <class T, class Towers, class Scratch>
+  std::vector<T*> sum_pointers(Towers& towers, std::size_t reader, const Scratch* scratch) const {
+    std::vector<T*> pointers;
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      for (std::size_t v = 0; v < towers.gradients(t).variables().count(); ++v)
+        pointers.push_back(via_scratch[reader][t] ? scratch->data(v) : towers.gradients(t).data(v));
+    }
+    return pointers;
+  }
+  // Just before the edge into t's parent, after t's last write: t's partial into the parent's scratch
+  // where the parent does not reach t (else nothing).
+  template <class T, class Towers, class Scratch>
+  copy_list<T> operand_copies(Towers& towers, std::size_t t, const Scratch* parent_scratch) const {
+    copy_list<T> copies;
+    const std::size_t up = static_cast<std::size_t>(parent[t]);
+    if (via_scratch[up][t]) add_whole_copy(copies, *parent_scratch, towers.device(up), towers.gradients(t), towers.device(t));
+    return copies;
+  }
+  // The replicas the root's pass writes: tower 0's, and those of written_by_root.
+  int root_replicas() const { return 1 + static_cast<int>(std::count(written_by_root.begin(), written_by_root.end(), 1)); }
+  // Their pointer-table entries: role 0 tower 0's, then those of written_by_root in tower order.
+  template <class T, class Towers>
+  std::vector<T*> root_target_pointers(Towers& towers) const {
+    std::vector<const std::remove_reference_t<decltype(towers.replica(0))>*> roles{&towers.replica(0)};
+    for (std::size_t t = 1; t < towers.towers(); ++t) {
+      if (written_by_root[t]) roles.push_back(&towers.replica(t));
+    }
+    return gather_pointers<T>(roles);
+  }
+  // A tower neither written by the root nor pulling directly: its parent's replica copied into its own.
+  template <class T, class Towers>
+  copy_list<T> pull_copies(Towers& towers, std::size_t t) const {
+    copy_list<T> copies;
+    const std::size_t up = static_cast<std::size_t>(parent[t]);
+    if (t != 0 && !written_by_root[t] && !pulls_directly[t])
+      add_whole_copy(copies, towers.replica(t), towers.device(t), towers.replica(up), towers.device(up));
+    return copies;
   }
 };
 

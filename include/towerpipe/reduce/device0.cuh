@@ -14,19 +14,19 @@
 
 #include <cuda_runtime.h>
 
-#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/log.hpp"
 #include "towerpipe/core/policy_kinds.hpp"
-#include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
+#include "towerpipe/cuda/peer_copies.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
 #include "towerpipe/programs/agents.hpp"
+#include "towerpipe/programs/copy_wiring.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/step/stats.hpp"
 
@@ -36,9 +36,9 @@ namespace detail {
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
 class device0_reducer : public device_optimizer_state<Optim, Layout> {
  public:
-  using G = typename Layout::value_type;  // the towers' gradients and replicas
-  using T = master_type_t<G>;             // master, state, average
-  static constexpr bool mixed = !std::is_same<G, T>::value;
+  using stored_type = typename Layout::value_type;  // the towers' gradients and replicas
+  using master_type = master_type_t<stored_type>;    // master, state, average
+  static constexpr bool mixed = !std::is_same<stored_type, master_type>::value;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
@@ -49,50 +49,41 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
         start_(root_, true),
         end_(root_, true),
         chunks_(make_chunk_table(variables, Policy::chunk_elements), root_),
+        copies_(towers, 0, cuda_device_memory{root_}, true),
+        gradients_(copies_.gradients(), static_cast<int>(variables.count()), root_),
+        replicas_(copies_.replicas(), static_cast<int>(variables.count()), root_),
         average_(variables, root_) {
     check_device_tower_count("reduce::device0", towers.towers());
-    const int count = static_cast<int>(variables.count());
-    std::vector<device_buffer*> gradient_roles, replica_roles;
-    staged_.resize(towers.towers());
-    const std::vector<char> copied = towers.access().copied_by(0);  // never tower 0: the master copy is its replica
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (!copied[t]) {
-        gradient_roles.push_back(&towers.gradients(t));
-        replica_roles.push_back(&towers.replica(t));
-        continue;
-      }
-      log_warning(make_message("reduce::device0: device ", root_, " does not reach device ", towers.device(t), " (tower ", t,
-                               ") directly; its gradients and parameters are copied"));
-      staged_[t] = std::make_unique<staging>(variables, root_);
-      gradient_roles.push_back(&staged_[t]->gradients);
-      replica_roles.push_back(&staged_[t]->replica);
+      if (copies_.copied(t))
+        log_warning(make_message("reduce::device0: device ", root_, " does not reach device ", towers.device(t), " (tower ", t,
+                                 ") directly; its gradients and parameters are copied"));
     }
-    gradients_ = std::make_unique<device_pointer_table<G>>(gather_pointers<G>(gradient_roles), count, root_);
-    replicas_ = std::make_unique<device_pointer_table<G>>(gather_pointers<G>(replica_roles), count, root_);
   }
 
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
-                         const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<master_type>& weights,
+                         const typename Optim::template step_constants<master_type>& constants, stage_seconds& stages) {
     if constexpr (mixed) {
       fail("reduce::device0: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
     } else {
       const nvtx_range range("towerpipe reduce::device0");
       device_guard on(root_);
       gather_gradients(towers);
-      launch_fused_apply<Policy, Optim, T>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_->const_view(),
+      launch_fused_apply<Policy, Optim, master_type>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_.const_view(),
                                            weights, apply_for(towers, constants));
       stages.reduce = broadcast_and_wait(towers, "device0 fused average + apply + broadcast");
     }
   }
 
   // A checked step, pass 1: the average and its screen; nothing the towers read changes.
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<master_type>& weights,
+                                 const accumulation<master_type>& step,
                                  stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::device0 screen");
     device_guard on(root_);
     gather_gradients(towers);
     average_.screen.reset(stream_);
-    launch_tower_screen(average_.screen, stream_, static_cast<int>(towers.towers()), gradients_->const_view(), weights,
+    launch_tower_screen(average_.screen, stream_, static_cast<int>(towers.towers()), gradients_.const_view(), weights,
                         average_.table.view(), step);
     end_.record(stream_);
     end_.synchronize();  // the towers may write their gradients again once this returns
@@ -102,12 +93,13 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   }
 
   // Pass 2: the optimizer on scale * average, the new parameters into every replica.
-  void apply_averaged(cuda_towers<Layout>& towers, T scale, const typename Optim::template step_constants<T>& constants,
+  void apply_averaged(cuda_towers<Layout>& towers, master_type scale,
+                      const typename Optim::template step_constants<master_type>& constants,
                       stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::device0 apply");
     device_guard on(root_);
     start_.record(stream_);
-    launch_fused_apply_for<Policy, 1>(chunks_, stream_, 1, average_.table.const_view(), std::vector<T>{scale},
+    launch_fused_apply_for<Policy, 1>(chunks_, stream_, 1, average_.table.const_view(), std::vector<master_type>{scale},
                                       apply_for(towers, constants));
     stages.reduce += broadcast_and_wait(towers, "device0 apply + broadcast");
   }
@@ -117,22 +109,19 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   void gather_gradients(cuda_towers<Layout>& towers) {
     for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(stream_);
     start_.record(stream_);  // the last tower's gradients are ready
-    for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (staged_[t]) copy_buffer_async(staged_[t]->gradients, root_, towers.gradients(t), towers.device(t), stream_);
-    }
+    run_copies_async(copies_.gradients_in(), stream_);
   }
 
-  optimizer_apply<Optim, T, G> apply_for(cuda_towers<Layout>& towers, const typename Optim::template step_constants<T>& constants) {
-    return {replicas_->view(),  this->state_table(),  static_cast<int>(towers.towers()), this->state_slot_count(),
+  optimizer_apply<Optim, master_type, stored_type> apply_for(cuda_towers<Layout>& towers,
+                                                             const typename Optim::template step_constants<master_type>& constants) {
+    return {replicas_.view(),  this->state_table(),  static_cast<int>(towers.towers()), this->state_slot_count(),
             constants,          this->master_table()};
   }
 
   // After the pass that wrote the replicas: copies to towers without peer access; the towers' next work
   // waits for their new parameters and the host for the last write. Returns start_ to the end.
   double broadcast_and_wait(cuda_towers<Layout>& towers, const char* span_name) {
-    for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (staged_[t]) copy_buffer_async(towers.replica(t), towers.device(t), staged_[t]->replica, root_, stream_);
-    }
+    run_copies_async(copies_.replicas_out(), stream_);
     end_.record(stream_);
     for (std::size_t t = 0; t < towers.towers(); ++t) end_.make_wait(towers.stream(t));
     end_.synchronize();
@@ -140,18 +129,12 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
     return seconds_between(start_, end_);
   }
 
-  struct staging {
-    staging(const variable_set& variables, int device)
-        : gradients(variables, cuda_device_memory{device}), replica(variables, cuda_device_memory{device}) {}
-    device_buffer gradients, replica;
-  };
-
   int root_;
   cuda_stream stream_;
   cuda_event start_, end_;  // timing: stages.reduce
   device_chunk_table chunks_;
-  std::vector<std::unique_ptr<staging>> staged_;  // null where the root reads the tower directly
-  std::unique_ptr<device_pointer_table<G>> gradients_, replicas_;
+  tower_copies<device_buffer> copies_;  // the towers the root does not reach (programs/copy_wiring.hpp)
+  device_pointer_table<stored_type> gradients_, replicas_;  // role = tower: in place, or the root's copy
   device_average<Layout> average_;  // checked steps
 };
 

@@ -23,7 +23,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
@@ -31,6 +30,7 @@
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/programs/agents.hpp"
+#include "towerpipe/programs/copy_list.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/step/stats.hpp"
 

@@ -27,13 +27,14 @@
 
 #include "towerpipe/core/log.hpp"
 #include "towerpipe/core/policy_kinds.hpp"
-#include "towerpipe/cuda/buffer_copy.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/nvtx.cuh"
+#include "towerpipe/cuda/peer_copies.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/exec/cuda.cuh"
 #include "towerpipe/reduce/device_state.cuh"
 #include "towerpipe/programs/agents.hpp"
+#include "towerpipe/programs/copy_wiring.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/step/stats.hpp"
 #include "towerpipe/trace/timeline.hpp"
@@ -48,7 +49,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
                 "live in the towers' 16-bit gradient buffers; use reduce::device0");
 
  public:
-  using T = typename Layout::value_type;
+  using stored_type = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
@@ -64,13 +65,10 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     const std::size_t n = towers.towers();
     const int count = static_cast<int>(variables.count());
     // The root's apply writes these replicas in the same pass: one pass instead of one plus a pull each.
-    std::vector<device_buffer*> root_targets{&towers.replica(0)};
-    for (std::size_t t = 1; t < n; ++t) {
-      if (wiring_.written_by_root[t]) root_targets.push_back(&towers.replica(t));
-    }
-    root_replica_count_ = static_cast<int>(root_targets.size());
-    root_targets_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(root_targets), count, towers.device(0));
-    const std::size_t rounds = canonical_tree_rounds<T>(static_cast<int>(n), std::vector<T>(n, T(1))).size();
+    const std::vector<stored_type*> root_targets = wiring_.root_target_pointers<stored_type>(towers);
+    root_replica_count_ = wiring_.root_replicas();
+    root_targets_ = std::make_unique<device_pointer_table<stored_type>>(root_targets, count, towers.device(0));
+    const std::size_t rounds = canonical_tree_rounds<stored_type>(static_cast<int>(n), std::vector<stored_type>(n, stored_type(1))).size();
     for (std::size_t t = 0; t < n; ++t) {
       const int device = towers.device(t);
       nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements, towers.trace().on() ? rounds : 0));
@@ -80,32 +78,34 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         log_warning(make_message("reduce::p2p_tree: tower ", t, " (device ", device,
                                  ") reads some of its children in the tree through copies: no direct access"));
       }
-      // This tower's view of every tower's gradient buffer (the partial sums): in place, or its scratch.
-      std::vector<device_buffer*> sums;
-      for (std::size_t other = 0; other < n; ++other)
-        sums.push_back(wiring_.via_scratch[t][other] ? own.scratch.get() : &towers.gradients(other));
-      own.sums = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(sums), count, device);
-      if (t == 0 || wiring_.written_by_root[t]) continue;
+      own.sums = std::make_unique<device_pointer_table<stored_type>>(wiring_.sum_pointers<stored_type>(towers, t, own.scratch.get()),
+                                                                     count, device);
+      if (t == 0) continue;
+      // Parents come first in tower order (left < right on every edge): the parent's scratch exists.
+      const node& parent = *nodes_[static_cast<std::size_t>(wiring_.parent[t])];
+      own.operand_copies = wiring_.operand_copies<stored_type>(towers, t, parent.scratch.get());
+      own.pull_copies = wiring_.pull_copies<stored_type>(towers, t);
+      if (wiring_.written_by_root[t]) continue;
       // A tower that pulls its parameters from its parent.
       std::vector<device_buffer*> target{&towers.replica(t)};
-      own.own_replica = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(target), count, device);
+      own.own_replica = std::make_unique<device_pointer_table<stored_type>>(gather_pointers<stored_type>(target), count, device);
       std::vector<device_buffer*> source{&towers.replica(static_cast<std::size_t>(wiring_.parent[t]))};
-      own.parent_replica = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(source), count, device);
+      own.parent_replica = std::make_unique<device_pointer_table<stored_type>>(gather_pointers<stored_type>(source), count, device);
     }
   }
 
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
-                         const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
+                         const typename Optim::template step_constants<stored_type>& constants, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::p2p_tree");
     const auto rounds = run_tree(towers, weights, false);
-    const optimizer_apply<Optim, T> apply = apply_for(constants);
+    const optimizer_apply<Optim, stored_type> apply = apply_for(constants);
     device_guard on(towers.device(0));
     root_start_.record(towers.stream(0));
     if (rounds.empty()) {
       launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(), weights,
                                         apply);
     } else {
-      nodes_[0]->chunks.template launch<Policy>(tree_root_agent<Optim, T>{nodes_[0]->sums->view(), rounds.back().front(), apply},
+      nodes_[0]->chunks.template launch<Policy>(tree_root_agent<Optim, stored_type>{nodes_[0]->sums->view(), rounds.back().front(), apply},
                                                 towers.stream(0));
     }
     broadcast_and_wait(towers, rounds, stages);
@@ -113,8 +113,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
 
   // A checked step, pass 1: the tree's rounds, then its last edge through the screen (programs/screen.hpp)
   // into the average on tower 0's device; the rounds check the raw gradients they read.
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
-                                 stage_seconds& stages) {
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
+                                 const accumulation<stored_type>& step, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::p2p_tree screen");
     const auto rounds = run_tree(towers, weights, true);
     device_guard on(towers.device(0));
@@ -123,8 +123,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     if (rounds.empty()) {
       launch_tower_screen(average_.screen, stream, 1, nodes_[0]->sums->const_view(), weights, average_.table.view(), step);
     } else {
-      const edge_average_source<T> edge{nodes_[0]->sums->view(), rounds.back().front()};
-      average_.screen.launch(accumulating_source<edge_average_source<T>, T>{edge, average_.table.view(), step},
+      const edge_average_source<stored_type> edge{nodes_[0]->sums->view(), rounds.back().front()};
+      average_.screen.launch(accumulating_source<edge_average_source<stored_type>, stored_type>{edge, average_.table.view(), step},
                              average_.table.view(), stream);
     }
     root_end_.record(stream);
@@ -138,14 +138,15 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   }
 
   // Pass 2: the optimizer on scale * average on tower 0's device, then the broadcast down the tree.
-  void apply_averaged(cuda_towers<Layout>& towers, T scale, const typename Optim::template step_constants<T>& constants,
+  void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const typename Optim::template step_constants<stored_type>& constants,
                       stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::p2p_tree apply");
     device_guard on(towers.device(0));
     root_start_.record(towers.stream(0));
     launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, average_.table.const_view(),
-                                      std::vector<T>{scale}, apply_for(constants));
-    broadcast_and_wait(towers, canonical_tree_rounds<T>(static_cast<int>(towers.towers()), std::vector<T>(towers.towers(), T(1))),
+                                      std::vector<stored_type>{scale}, apply_for(constants));
+    const std::size_t n = towers.towers();
+    broadcast_and_wait(towers, canonical_tree_rounds<stored_type>(static_cast<int>(n), std::vector<stored_type>(n, stored_type(1))),
                        stages);
   }
 
@@ -153,8 +154,9 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   // Every round but the last, each edge on its left tower's stream after the right tower's last write to
   // its buffer; returns the rounds (the last one's only edge is the root's: left = 0). `checked`: the
   // raw operands' non-finite keys go to each left tower's key word, and come back to host_key.
-  std::vector<std::vector<tree_edge<T>>> run_tree(cuda_towers<Layout>& towers, const std::vector<T>& weights, bool checked) {
-    const auto rounds = canonical_tree_rounds<T>(static_cast<int>(towers.towers()), weights);
+  std::vector<std::vector<tree_edge<stored_type>>> run_tree(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
+                                                            bool checked) {
+    const auto rounds = canonical_tree_rounds<stored_type>(static_cast<int>(towers.towers()), weights);
     // The reduction starts when the last tower's gradients are ready: marked on a stream of its own, so
     // that no tower waits for more than its edges need.
     {
@@ -172,16 +174,15 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     }
     if (checked) average_.screen.reset(towers.stream(0));
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
-      for (const tree_edge<T>& edge : rounds[r]) {
+      for (const tree_edge<stored_type>& edge : rounds[r]) {
         node& left = *nodes_[static_cast<std::size_t>(edge.left)];
         const std::size_t right = static_cast<std::size_t>(edge.right);
         const cuda_stream& stream = towers.stream(static_cast<std::size_t>(edge.left));
         device_guard on(stream.device());
         nodes_[right]->partial_ready->make_wait(stream);
-        if (wiring_.via_scratch[static_cast<std::size_t>(edge.left)][right])
-          copy_buffer_async(*left.scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
+        run_copies_async(nodes_[right]->operand_copies, stream);
         if (!left.edge_start.empty()) left.edge_start[r].record(stream);
-        left.chunks.template launch<Policy>(tree_round_agent<T>{left.sums->view(), edge, checked ? left.key.get() : nullptr},
+        left.chunks.template launch<Policy>(tree_round_agent<stored_type>{left.sums->view(), edge, checked ? left.key.get() : nullptr},
                                             stream);
         if (!left.edge_end.empty()) left.edge_end[r].record(stream);
         if (checked)  // before partial_done: whoever waits for the partial has the key too
@@ -193,25 +194,24 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     }
     // The root's own edge waits for its right operand, and copies it where it has no peer access.
     if (!rounds.empty()) {
-      const tree_edge<T>& edge = rounds.back().front();
+      const tree_edge<stored_type>& edge = rounds.back().front();
       const std::size_t right = static_cast<std::size_t>(edge.right);
       const cuda_stream& stream = towers.stream(0);
       device_guard on(stream.device());
       nodes_[right]->partial_ready->make_wait(stream);
-      if (wiring_.via_scratch[0][right])
-        copy_buffer_async(*nodes_[0]->scratch, stream.device(), towers.gradients(right), towers.device(right), stream);
+      run_copies_async(nodes_[right]->operand_copies, stream);
     }
     return rounds;
   }
 
-  optimizer_apply<Optim, T> apply_for(const typename Optim::template step_constants<T>& constants) const {
+  optimizer_apply<Optim, stored_type> apply_for(const typename Optim::template step_constants<stored_type>& constants) const {
     return {root_targets_->view(), this->state_table(), root_replica_count_, this->state_slot_count(), constants, {}};
   }
 
   // After the root's pass on tower 0's stream: the parameters go down the tree — the towers the root
   // wrote have them with the root's; every other tower pulls its parent's replica on its own stream.
   // Each tower's next work waits for them; the host waits for all.
-  void broadcast_and_wait(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<T>>>& rounds,
+  void broadcast_and_wait(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<stored_type>>>& rounds,
                           stage_seconds& stages) {
     {
       device_guard on(towers.device(0));
@@ -220,7 +220,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     }
     nodes_[0]->parameters_ready = &nodes_[0]->parameters_done;
     for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
-      for (const tree_edge<T>& edge : *r) {
+      for (const tree_edge<stored_type>& edge : *r) {
         const std::size_t child = static_cast<std::size_t>(edge.right), parent = static_cast<std::size_t>(edge.left);
         node& own = *nodes_[child];
         const cuda_stream& stream = towers.stream(child);
@@ -232,9 +232,9 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         }
         own.pull_start.record(stream);
         if (wiring_.pulls_directly[child]) {
-          own.chunks.template launch<Policy>(copy_agent<T>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
+          own.chunks.template launch<Policy>(copy_agent<stored_type>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
         } else {
-          copy_buffer_async(towers.replica(child), stream.device(), towers.replica(parent), towers.device(parent), stream);
+          run_copies_async(own.pull_copies, stream);
         }
         own.parameters_done.record(stream);
         own.parameters_ready = &own.parameters_done;
@@ -264,8 +264,10 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
 
     device_chunk_table chunks;
     std::unique_ptr<device_buffer> scratch;                // only without peer access to some tower
-    std::unique_ptr<device_pointer_table<T>> sums;          // role = tower: partial sums as this tower reads them
-    std::unique_ptr<device_pointer_table<T>> parent_replica, own_replica;  // only for towers that pull
+    std::unique_ptr<device_pointer_table<stored_type>> sums;          // role = tower: partial sums as this tower reads them
+    std::unique_ptr<device_pointer_table<stored_type>> parent_replica, own_replica;  // only for towers that pull
+    copy_list<stored_type> operand_copies;  // this tower's partial into its parent's scratch, where the parent needs one
+    copy_list<stored_type> pull_copies;     // its parent's replica into its own, where it pulls through a copy
     cuda_device_memory::owner<nonfinite_key> key;  // checked steps: the first non-finite raw operand it read
     cuda_pinned_memory::owner<nonfinite_key> host_key;
     cuda_event partial_done;
@@ -290,10 +292,10 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
 
   // After a step, with a timeline: the root edge on row "reduce (GPU)", the other edges and the pulls of
   // the new parameters on the rows of the towers whose streams ran them.
-  void record_device_spans(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<T>>>& rounds) const {
+  void record_device_spans(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<stored_type>>>& rounds) const {
     towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + apply", "reduce (GPU)");
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
-      for (const tree_edge<T>& edge : rounds[r]) {
+      for (const tree_edge<stored_type>& edge : rounds[r]) {
         const std::size_t left = static_cast<std::size_t>(edge.left);
         towers.device_span(left, nodes_[left]->edge_start[r], nodes_[left]->edge_end[r],
                            make_message("tree edge: + tower ", edge.right), "tower ", left, " (GPU)");
@@ -309,7 +311,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   tree_wiring wiring_;          // which buffers each edge and pull uses in place, which through copies
   cuda_stream timing_stream_;  // on tower 0's device: marks when the last tower's gradients were ready
   cuda_event tree_start_, root_start_, root_end_;
-  std::unique_ptr<device_pointer_table<T>> root_targets_;  // role 0: tower 0's replica, then those towers'
+  std::unique_ptr<device_pointer_table<stored_type>> root_targets_;  // role 0: tower 0's replica, then those towers'
   int root_replica_count_ = 1;
   std::vector<std::unique_ptr<node>> nodes_;
   device_average<Layout> average_;  // checked steps, on tower 0's device

@@ -1,0 +1,114 @@
+// Which buffers the device reducers use in place and which through copies (programs/copy_wiring.hpp,
+// programs/owner_wiring.hpp), for towers on one device per tower with peer access only within pairs
+// (0, 1), (2, 3): each table role points at the tower's own buffer exactly where the reader reaches it,
+// and the copies run exactly between the buffers the tables name.
+#include <towerpipe/programs/copy_wiring.hpp>
+#include <towerpipe/programs/owner_wiring.hpp>
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "emulated_towers.hpp"
+
+using namespace towerpipe;
+using namespace towerpipe::detail;
+using namespace towerpipe_tests;
+
+namespace {
+
+const variable_set wiring_variables{{"w", {37, 29}}, {"b", {29}}, {"tail", {4101}}};
+using towers_type = emulated_towers<optim::sgd, layout::per_variable<float>>;
+
+}  // namespace
+
+TEST_CASE("tower_access: a tower reaches itself, and others only directly, on its device or a peer's", "[multi_tensor]") {
+  const tower_access pairs = access_for(topology::peer_pairs, 4);
+  CHECK(pairs.reaches(0, 0));
+  CHECK(pairs.reaches(0, 1));
+  CHECK_FALSE(pairs.reaches(0, 2));
+  CHECK(pairs.reaches(3, 2));
+  CHECK(pairs.copied_by(2) == std::vector<char>{1, 1, 0, 0});
+  const tower_access off = access_for(topology::one_device_no_direct_access, 3);
+  CHECK(off.copied_by(1) == std::vector<char>{1, 0, 1});
+  CHECK(access_for(topology::one_device, 3).copied_by(0) == std::vector<char>{0, 0, 0});
+}
+
+TEST_CASE("tower_copies: the root's tables name the towers it reaches and its copies of the others", "[multi_tensor]") {
+  towers_type towers(wiring_variables, 4, optim::sgd::hyper_parameters{}, 256, topology::peer_pairs);
+  const tower_copies<towers_type::copy_buffer> copies(towers, 0, nan_filled_memory{}, true);
+  const std::size_t count = wiring_variables.count();
+  CHECK(copies.reached() == 2);
+  for (std::size_t t = 0; t < 4; ++t) {
+    INFO("tower " << t);
+    for (std::size_t v = 0; v < count; ++v) {
+      const bool direct = t < 2;
+      CHECK((copies.gradients()[t * count + v] == towers.gradients(t).data(v)) == direct);
+      CHECK((copies.replicas()[t * count + v] == towers.replica(t).data(v)) == direct);
+    }
+  }
+  // per_variable: one copy per variable and copied tower, from its gradients into the root's copy, and
+  // from the root's copy into its replica.
+  REQUIRE(copies.gradients_in().size() == 2 * count);
+  REQUIRE(copies.replicas_out().size() == 2 * count);
+  for (std::size_t k = 0; k < 2 * count; ++k) {
+    const std::size_t t = 2 + k / count, v = k % count;
+    CHECK(copies.gradients_in()[k].source == towers.gradients(t).data(v));
+    CHECK(copies.gradients_in()[k].target == copies.gradients()[t * count + v]);
+    CHECK(copies.gradients_in()[k].source_device == static_cast<int>(t));
+    CHECK(copies.gradients_in()[k].target_device == 0);
+    CHECK(copies.replicas_out()[k].source == copies.replicas()[t * count + v]);
+    CHECK(copies.replicas_out()[k].target == towers.replica(t).data(v));
+  }
+  const tower_copies<towers_type::copy_buffer> gradients_only(towers, 0, nan_filled_memory{}, false);
+  CHECK(gradients_only.replicas().size() == 2 * count);  // the replicas of the towers reached, only
+  CHECK(gradients_only.replicas_out().empty());
+}
+
+TEST_CASE("tree_wiring: scratch where a parent does not reach its child, the root writes the children it reaches, the "
+          "others pull",
+          "[multi_tensor]") {
+  towers_type towers(wiring_variables, 4, optim::sgd::hyper_parameters{}, 256, topology::peer_pairs);
+  const tree_wiring wiring(towers.access());
+  CHECK(wiring.parent == std::vector<int>{-1, 0, 0, 2});
+  CHECK(wiring.needs_scratch == std::vector<char>{1, 0, 0, 0});
+  CHECK(wiring.written_by_root == std::vector<char>{0, 1, 0, 0});
+  CHECK(wiring.root_replicas() == 2);
+  const std::vector<float*> targets = wiring.root_target_pointers<float>(towers);
+  CHECK(targets.size() == 2 * wiring_variables.count());
+  CHECK(targets[wiring_variables.count()] == towers.replica(1).data(0));
+  towers_type::copy_buffer scratch(wiring_variables);
+  const std::vector<float*> sums = wiring.sum_pointers<float>(towers, 0, &scratch);
+  CHECK(sums[2 * wiring_variables.count()] == scratch.data(0));  // tower 2's partial, through the root's scratch
+  CHECK(sums[1 * wiring_variables.count()] == towers.gradients(1).data(0));
+  CHECK(wiring.operand_copies<float>(towers, 2, &scratch).size() == wiring_variables.count());
+  CHECK(wiring.operand_copies<float>(towers, 1, &scratch).empty());
+  CHECK(wiring.pull_copies<float>(towers, 2).size() == wiring_variables.count());  // tower 2 does not reach tower 0
+  CHECK(wiring.pull_copies<float>(towers, 3).empty());                           // tower 3 pulls from 2 directly
+  CHECK(wiring.pulls_directly[3]);
+}
+
+TEST_CASE("slice_copies: an owner's tables name the towers it reaches and its compact copies of the others' slices",
+          "[multi_tensor][sharded]") {
+  towers_type towers(wiring_variables, 4, optim::sgd::hyper_parameters{}, 256, topology::peer_pairs);
+  const std::vector<owner_slice> slices = cut_into_slices(towers.chunks(), 4);
+  const std::size_t count = wiring_variables.count();
+  for (std::size_t k = 0; k < 4; ++k) {
+    INFO("owner " << k);
+    const slice_copies<float, nan_filled_memory> copies(slices[k], towers, k, nan_filled_memory{});
+    const std::size_t ranges = slices[k].ranges.size();
+    const bool reaches_tower_0 = k < 2;
+    CHECK(copies.gradients_in().size() == 2 * ranges);
+    CHECK(copies.replicas_out().size() == 2 * ranges);
+    CHECK(copies.master_in().size() == (reaches_tower_0 ? 0 : ranges));
+    for (std::size_t t = 0; t < 4; ++t) {
+      const bool direct = (t < 2) == (k < 2);
+      CHECK(copies.copied(t) == !direct);
+      for (std::size_t v = 0; v < count; ++v) {
+        CHECK((copies.gradients()[t * count + v] == towers.gradients(t).data(v)) == direct);
+        CHECK((copies.replicas()[t * count + v] == towers.replica(t).data(v)) == direct);
+      }
+    }
+    for (const peer_copy<float>& c : copies.gradients_in()) CHECK(c.target_device == static_cast<int>(k));
+    for (const peer_copy<float>& c : copies.replicas_out()) CHECK(c.source_device == static_cast<int>(k));
+  }
+}

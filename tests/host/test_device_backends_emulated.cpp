@@ -1,0 +1,372 @@
+// The device reducers in one process — reduce::device0, reduce::p2p_tree, reduce::sharded for GPU
+// towers — run on the host with their own wiring: the tables and copy lists they are built from
+// (programs/copy_wiring.hpp, programs/owner_wiring.hpp), the per-element programs (programs/agents.hpp)
+// over them through the host dispatch (programs/host_dispatch.hpp), in the order the reducers launch
+// them. Direct or through copies (the copies start as NaN), they must give bitwise the host pipeline's
+// parameters, norm, clip and first non-finite.
+#include <towerpipe/programs/agents.hpp>
+#include <towerpipe/programs/copy_wiring.hpp>
+#include <towerpipe/programs/host_dispatch.hpp>
+#include <towerpipe/programs/owner_wiring.hpp>
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+
+#include "emulated_towers.hpp"
+#include "test_support.hpp"
+
+using namespace towerpipe;
+using namespace towerpipe::detail;
+using namespace towerpipe_tests;
+
+namespace {
+
+template <class Optim, class Layout>
+using towers_of = emulated_towers<Optim, Layout>;
+template <class Optim>
+using constants_of = typename Optim::template step_constants<float>;
+
+// A checked step's whole average on the reducing device, as device0 and p2p_tree keep it.
+template <class Optim, class Layout>
+struct whole_average {
+  explicit whole_average(towers_of<Optim, Layout>& towers)
+      : buffer(towers.variables()), pointers(gather_pointers<float>(std::vector<decltype(&buffer)>{&buffer})) {}
+  typename Layout::template buffer<host_memory> buffer;
+  std::vector<float*> pointers;
+};
+
+// reduce::device0 (reduce/device0.cuh): the root reads every tower's gradients in place or from its
+// copy, and writes every replica in place or into its copy, copied out after the pass.
+template <class Optim, class Layout>
+class emulated_device0 {
+ public:
+  emulated_device0(towers_of<Optim, Layout>& towers, bool unrolled)
+      : towers_(towers), copies_(towers, 0, nan_filled_memory{}, true), average_(towers), unrolled_(unrolled) {}
+
+  void average_and_apply(const std::vector<float>& weights, const constants_of<Optim>& c) {
+    run_copies_on_host(copies_.gradients_in());
+    const auto apply = replicas_apply(c);
+    const int n = static_cast<int>(towers_.towers());
+    fused_apply_agent<Optim, float, 8> eight{const_table(copies_.gradients(), towers_.count()), n, {}, apply};  // only when n == 8
+    fused_apply_agent<Optim, float, 0> any{const_table(copies_.gradients(), towers_.count()), n, {}, apply};
+    std::copy(weights.begin(), weights.end(), eight.weights);
+    std::copy(weights.begin(), weights.end(), any.weights);
+    if (unrolled_ && n == 8) run_agent_on_host(eight, towers_.chunks());
+    else run_agent_on_host(any, towers_.chunks());
+    run_copies_on_host(copies_.replicas_out());
+  }
+  screen_partials screen_average(const std::vector<float>& weights) {
+    run_copies_on_host(copies_.gradients_in());
+    screen_partials partials;
+    const pointer_table<float> averaged = table(average_.pointers, towers_.count());
+    accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{
+        {const_table(copies_.gradients(), towers_.count()), static_cast<int>(towers_.towers()), {}}, averaged, {}};
+    std::copy(weights.begin(), weights.end(), source.inner.weights.value);
+    screen_tiles(source, averaged, make_chunk_table(towers_.variables(), screen_tile_elements), partials);
+    return partials;
+  }
+  void apply_averaged(float scale, const constants_of<Optim>& c) {
+    run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(average_.pointers, towers_.count()), 1, {scale}, replicas_apply(c)},
+                      towers_.chunks());
+    run_copies_on_host(copies_.replicas_out());
+  }
+
+ private:
+  optimizer_apply<Optim, float> replicas_apply(const constants_of<Optim>& c) {
+    return towers_.apply(table(copies_.replicas(), towers_.count()), static_cast<int>(towers_.towers()), c);
+  }
+
+  towers_of<Optim, Layout>& towers_;
+  tower_copies<typename towers_of<Optim, Layout>::copy_buffer> copies_;
+  whole_average<Optim, Layout> average_;
+  bool unrolled_;
+};
+
+// reduce::p2p_tree (reduce/p2p_tree.cuh) as tree_wiring wires it: each edge reads its right operand in
+// place or from the left tower's scratch, filled just before the edge; the root's pass writes the
+// replicas the wiring gives it; every other tower pulls its parent's, by the copy agent or a copy.
+template <class Optim, class Layout>
+class emulated_p2p_tree {
+ public:
+  explicit emulated_p2p_tree(towers_of<Optim, Layout>& towers)
+      : towers_(towers), wiring_(towers.access()), scratch_(towers.towers()), average_(towers) {
+    const std::size_t n = towers.towers();
+    for (std::size_t t = 0; t < n; ++t) {
+      if (wiring_.needs_scratch[t]) scratch_[t] = std::make_unique<copy_buffer>(towers.variables(), nan_filled_memory{});
+      sums_.push_back(wiring_.sum_pointers<float>(towers, t, scratch_[t].get()));
+    }
+    operand_copies_.resize(n);
+    pull_copies_.resize(n);
+    for (std::size_t t = 1; t < n; ++t) {
+      operand_copies_[t] = wiring_.operand_copies<float>(towers, t, scratch_[static_cast<std::size_t>(wiring_.parent[t])].get());
+      pull_copies_[t] = wiring_.pull_copies<float>(towers, t);
+    }
+    root_targets_ = wiring_.root_target_pointers<float>(towers);
+  }
+
+  void average_and_apply(const std::vector<float>& weights, const constants_of<Optim>& c) {
+    const auto rounds = run_tree(weights, nullptr);
+    if (rounds.empty()) {
+      run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(sums_[0], count()), 1, {weights[0]}, root_apply(c)},
+                        towers_.chunks());
+    } else {
+      run_agent_on_host(tree_root_agent<Optim, float>{table(sums_[0], count()), rounds.back().front(), root_apply(c)}, towers_.chunks());
+    }
+    broadcast(rounds);
+  }
+  screen_partials screen_average(const std::vector<float>& weights) {
+    screen_partials partials;
+    const auto rounds = run_tree(weights, &partials.first_nonfinite);
+    const pointer_table<float> averaged = table(average_.pointers, count());
+    const std::vector<tensor_chunk> tiles = make_chunk_table(towers_.variables(), screen_tile_elements);
+    if (rounds.empty()) {
+      accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{
+          {const_table(sums_[0], count()), 1, {}}, averaged, {}};
+      source.inner.weights.value[0] = weights[0];
+      screen_tiles(source, averaged, tiles, partials);
+    } else {
+      const edge_average_source<float> edge{table(sums_[0], count()), rounds.back().front()};
+      screen_tiles(accumulating_source<edge_average_source<float>, float>{edge, averaged, {}}, averaged, tiles, partials);
+    }
+    return partials;
+  }
+  void apply_averaged(float scale, const constants_of<Optim>& c) {
+    run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(average_.pointers, count()), 1, {scale}, root_apply(c)},
+                      towers_.chunks());
+    broadcast(canonical_tree_rounds<float>(static_cast<int>(towers_.towers()), std::vector<float>(towers_.towers(), 1.0f)));
+  }
+
+ private:
+  using copy_buffer = typename towers_of<Optim, Layout>::copy_buffer;
+  int count() const { return towers_.count(); }
+  optimizer_apply<Optim, float> root_apply(const constants_of<Optim>& c) {
+    return towers_.apply(table(root_targets_, count()), wiring_.root_replicas(), c);
+  }
+
+  // Every round but the last, then the root edge's operand (the reducer's run_tree).
+  std::vector<std::vector<tree_edge<float>>> run_tree(const std::vector<float>& weights, nonfinite_key* first_nonfinite) {
+    const auto rounds = canonical_tree_rounds<float>(static_cast<int>(towers_.towers()), weights);
+    for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
+      for (const tree_edge<float>& edge : rounds[r]) {
+        run_copies_on_host(operand_copies_[static_cast<std::size_t>(edge.right)]);
+        run_agent_on_host(tree_round_agent<float>{table(sums_[static_cast<std::size_t>(edge.left)], count()), edge, first_nonfinite},
+                          towers_.chunks());
+      }
+    }
+    if (!rounds.empty()) run_copies_on_host(operand_copies_[static_cast<std::size_t>(rounds.back().front().right)]);
+    return rounds;
+  }
+  void broadcast(const std::vector<std::vector<tree_edge<float>>>& rounds) {
+    for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
+      for (const tree_edge<float>& edge : *r) {
+        const std::size_t child = static_cast<std::size_t>(edge.right), parent = static_cast<std::size_t>(edge.left);
+        if (wiring_.written_by_root[child]) continue;
+        if (wiring_.pulls_directly[child]) {
+          const std::vector<float*> source = gather_pointers<float>(std::vector<decltype(&towers_.replica(0))>{&towers_.replica(parent)});
+          const std::vector<float*> target = gather_pointers<float>(std::vector<decltype(&towers_.replica(0))>{&towers_.replica(child)});
+          run_agent_on_host(copy_agent<float>{const_table(source, count()), table(target, count()), 1}, towers_.chunks());
+        } else {
+          run_copies_on_host(pull_copies_[child]);
+        }
+      }
+    }
+  }
+
+  towers_of<Optim, Layout>& towers_;
+  tree_wiring wiring_;
+  std::vector<std::unique_ptr<copy_buffer>> scratch_;
+  std::vector<std::vector<float*>> sums_;
+  std::vector<copy_list<float>> operand_copies_, pull_copies_;
+  std::vector<float*> root_targets_;
+  whole_average<Optim, Layout> average_;
+};
+
+// reduce::sharded for GPU towers in one process (reduce/sharded/gpu_towers.cuh): owner k holds slice k
+// and only that slice's state and checked average (slice_owner); it reads and writes the towers it
+// reaches in place and the others through compact copies of its slice (slice_copies).
+template <class Optim, class Layout>
+class emulated_sharded {
+ public:
+  emulated_sharded(towers_of<Optim, Layout>& towers, const typename Optim::hyper_parameters& h, bool checked) : towers_(towers) {
+    std::vector<owner_slice> slices = cut_into_slices(towers.chunks(), towers.towers());
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      if (slices[k].empty()) continue;
+      owners_.push_back(std::make_unique<owner>(
+          owner{slice_owner<float, host_memory>(std::move(slices[k]), towers.chunks(), towers.variables().count(), Optim::state_slots(h),
+                                                owner_keeps{checked, false}, host_memory{}),
+                nullptr}));
+      owners_.back()->copies = std::make_unique<slice_copies<float, nan_filled_memory>>(owners_.back()->parts.slice(), towers, k,
+                                                                                       nan_filled_memory{});
+    }
+  }
+
+  void average_and_apply(const std::vector<float>& weights, const constants_of<Optim>& c) {
+    for (auto& o : owners_) {
+      run_copies_on_host(o->copies->gradients_in());
+      run_copies_on_host(o->copies->master_in());
+      fused_apply_agent<Optim, float, 0> agent{const_table(o->copies->gradients(), count()), static_cast<int>(towers_.towers()), {},
+                                               apply(*o, c)};
+      std::copy(weights.begin(), weights.end(), agent.weights);
+      run_agent_on_host(agent, o->parts.chunks());
+      run_copies_on_host(o->copies->replicas_out());
+    }
+  }
+  // Each owner screens its slice's average over its tiles; in owner order they are the whole table's.
+  screen_partials screen_average(const std::vector<float>& weights) {
+    screen_partials partials;
+    for (auto& o : owners_) {
+      run_copies_on_host(o->copies->gradients_in());
+      const pointer_table<float> averaged = table(o->parts.average(), count());
+      accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{
+          {const_table(o->copies->gradients(), count()), static_cast<int>(towers_.towers()), {}}, averaged, {}};
+      std::copy(weights.begin(), weights.end(), source.inner.weights.value);
+      screen_tiles(source, averaged, make_chunk_table(o->parts.slice().ranges, screen_tile_elements), partials);
+    }
+    return partials;
+  }
+  void apply_averaged(float scale, const constants_of<Optim>& c) {
+    for (auto& o : owners_) {
+      run_copies_on_host(o->copies->master_in());
+      run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(o->parts.average(), count()), 1, {scale}, apply(*o, c)},
+                        o->parts.chunks());
+      run_copies_on_host(o->copies->replicas_out());
+    }
+  }
+
+ private:
+  struct owner {
+    slice_owner<float, host_memory> parts;
+    std::unique_ptr<slice_copies<float, nan_filled_memory>> copies;
+  };
+  int count() const { return towers_.count(); }
+  // The owner's optimizer: its slice of the state; it reads the master (role 0) and writes every role.
+  optimizer_apply<Optim, float> apply(const owner& o, const constants_of<Optim>& c) {
+    return {table(o.copies->replicas(), count()), table(o.parts.state(), count()), static_cast<int>(towers_.towers()), o.parts.slots(),
+            c, {}};
+  }
+
+  towers_of<Optim, Layout>& towers_;
+  std::vector<std::unique_ptr<owner>> owners_;
+};
+
+enum class backend { device0_unrolled, device0_runtime_towers, p2p_tree, sharded };
+
+// body(reducer) with the emulated reducer of `kind` over `towers`.
+template <class Optim, class Layout, class Body>
+void with_backend(backend kind, towers_of<Optim, Layout>& towers, const typename Optim::hyper_parameters& h, bool checked, Body&& body) {
+  if (kind == backend::p2p_tree) {
+    emulated_p2p_tree<Optim, Layout> reducer(towers);
+    body(reducer);
+  } else if (kind == backend::sharded) {
+    emulated_sharded<Optim, Layout> reducer(towers, h, checked);
+    body(reducer);
+  } else {
+    emulated_device0<Optim, Layout> reducer(towers, kind == backend::device0_unrolled);
+    body(reducer);
+  }
+}
+
+template <class Optim, class Layout>
+void check_emulated_backend(backend kind, topology links, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {7}}};
+  random_source random(salt);
+  INFO(Optim::name << " " << Layout::name << ", backend " << static_cast<int>(kind) << ", topology " << static_cast<int>(links)
+                   << ", seed " << random.seed());
+  for (std::size_t n = 1; n <= 8; ++n) {
+    INFO(n << " towers");
+    const std::size_t examples = 3 * n - 1;  // uneven shards: distinct weights
+    trainer reference(variables, {{"x", dtype::float32, {1}}}, n, h);
+    towers_of<Optim, Layout> towers(variables, n, h, 256, links);
+    std::vector<float> weights;
+    for (const shard& s : plan_split(examples, n, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
+    for (std::size_t v = 0; v < variables.count(); ++v) {
+      const std::vector<float> initial = random.normal(variables[v].size);
+      reference.set_parameter(v, initial.data(), initial.size());
+      for (std::size_t t = 0; t < n; ++t) std::copy(initial.begin(), initial.end(), towers.replica(t).data(v));
+    }
+    const std::vector<float> x(examples, 1.0f);
+    batch b;
+    b.add("x", x.data(), examples, {1});
+    with_backend(kind, towers, h, false, [&](auto& reducer) {
+      for (std::int64_t step = 1; step <= 10; ++step) {
+        INFO("step " << step);
+        step_and_load(reference, towers, b, draw_gradients(random, variables, n));
+        towers.poison_replicas();
+        reducer.average_and_apply(weights, Optim::template constants<float>(h, step));
+        for (std::size_t t = 0; t < n; ++t) {
+          for (std::size_t v = 0; v < variables.count(); ++v)
+            REQUIRE(first_bitwise_difference(towers.replica(t).view(v), reference.parameter(v)) == -1);
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated device backends, wired as on the GPU (direct or copied), equal the host pipeline bitwise for "
+                   "1..8 towers",
+                   "[multi_tensor][canonical]", layout::flat<float>, layout::per_variable<float>) {
+  for (backend kind : {backend::device0_unrolled, backend::device0_runtime_towers, backend::p2p_tree, backend::sharded}) {
+    for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
+      for_each_optimizer(61, [&](auto optimizer, const auto& h, std::uint64_t salt) {
+        check_emulated_backend<typename decltype(optimizer)::type, TestType>(kind, links, h, salt);
+      });
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host's: norm, clip, first non-finite",
+                   "[multi_tensor][checked]", layout::flat<float>, layout::per_variable<float>) {
+  using trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<float>>;
+  // "tail" spans three screen tiles, the last one partial and not a whole number of groups.
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {4101}}};
+  optim::adam::hyper_parameters h;
+  h.lr = 0.01;
+  random_source random(70);
+  for (backend kind : {backend::device0_runtime_towers, backend::p2p_tree, backend::sharded}) {
+    for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
+      for (std::size_t n = 1; n <= 8; ++n) {
+        INFO("backend " << static_cast<int>(kind) << ", topology " << static_cast<int>(links) << ", " << n << " towers, seed "
+                        << random.seed());
+        const std::size_t examples = 3 * n - 1;
+        pipeline_options options;
+        options.max_grad_norm = 3.0;
+        trainer reference(variables, {{"x", dtype::float32, {1}}}, n, h, options);
+        // Chunks of one screen tile: the owners' slices start on tiles (programs/owner_slices.hpp).
+        towers_of<optim::adam, TestType> towers(variables, n, h, screen_tile_elements, links);
+        std::vector<float> weights;
+        for (const shard& s : plan_split(examples, n, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
+        const std::vector<float> x(examples, 1.0f);
+        batch b;
+        b.add("x", x.data(), examples, {1});
+        std::int64_t done = 0;
+        with_backend(kind, towers, h, true, [&](auto& reducer) {
+          for (int step = 1; step <= 6; ++step) {
+            INFO("step " << step);
+            auto grads = draw_gradients(random, variables, n);
+            if (step % 3 == 0) grads[(n - 1) / 2][3][static_cast<std::size_t>(step) * 611] = std::nanf("");
+            const step_stats stats = step_and_load(reference, towers, b, grads);
+            const screen_partials partials = reducer.screen_average(weights);
+            if (stats.skipped) {
+              check_same_nonfinite(partials, stats);
+              continue;
+            }
+            ++done;
+            REQUIRE(partials.first_nonfinite == no_nonfinite);
+            CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
+            CHECK(stats.clip_coefficient < 1.0);  // the clip is exercised
+            reducer.apply_averaged(clip_coefficient(partials, options.max_grad_norm), optim::adam::constants<float>(h, done));
+            for (std::size_t t = 0; t < n; ++t) {
+              for (std::size_t v = 0; v < variables.count(); ++v)
+                REQUIRE(first_bitwise_difference(towers.replica(t).view(v), reference.parameter(v)) == -1);
+            }
+          }
+        });
+      }
+    }
+  }
+}

@@ -1,0 +1,206 @@
+// reduce::sharded for GPU towers across processes (reduce/sharded/gpu_towers_across_processes.cuh) run on
+// the host with its own wiring: the exchange plan and buffers (programs/exchange_plan.hpp,
+// programs/exchange_buffers.hpp), each process's owner (programs/owner_wiring.hpp), its copies of the
+// local towers tower 0's device does not reach (programs/copy_wiring.hpp), the per-element programs
+// (programs/process_agents.hpp) through the host dispatch; the transport done by copies of the plan's
+// blocks. Every process's replicas must equal one process with all towers, bitwise.
+#include <towerpipe/programs/copy_wiring.hpp>
+#include <towerpipe/programs/exchange_buffers.hpp>
+#include <towerpipe/programs/exchange_plan.hpp>
+#include <towerpipe/programs/host_dispatch.hpp>
+#include <towerpipe/programs/owner_wiring.hpp>
+#include <towerpipe/programs/process_agents.hpp>
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <deque>
+
+#include "emulated_towers.hpp"
+#include "test_support.hpp"
+
+using namespace towerpipe;
+using namespace towerpipe::detail;
+using namespace towerpipe_tests;
+
+namespace {
+
+// One process: its towers, and the reducer's plan, owner, buffers and copies over them.
+template <class Optim, class Layout>
+struct emulated_process {
+  emulated_process(const variable_set& variables, int processes, int rank, std::size_t local_towers,
+                   const typename Optim::hyper_parameters& h, bool checked, topology links)
+      : towers(variables, local_towers, h, screen_tile_elements, links),
+        plan(towers.chunks(), variables.count(), processes, rank, contributions_per_process(local_towers)),
+        owner(plan.mine(), towers.chunks(), variables.count(), Optim::state_slots(h), owner_keeps{checked, true}, host_memory{}),
+        buffers(plan, variables, host_memory{}),
+        copies(towers, 0, nan_filled_memory{}, false),
+        gathered_copies(gathered_into_copied_replicas(towers, copies, buffers.gathered.get(), towers.device(0), variables)) {}
+
+  // The pipeline's set_parameter, as the reducer hears it (parameter_set): its slice of the master copy.
+  void parameter_set(std::size_t v, const std::vector<float>& values) {
+    owner.for_each_part(v, [&](std::size_t offset, const element_range& r) {
+      std::copy(values.begin() + static_cast<std::ptrdiff_t>(r.begin), values.begin() + static_cast<std::ptrdiff_t>(r.end),
+                owner.master_storage() + offset);
+    });
+  }
+  // The owner's optimizer: its master copy of the slice, which the gather sends.
+  optimizer_apply<Optim, float> apply(const typename Optim::template step_constants<float>& c) {
+    return {table(owner.master(), count()), table(owner.state(), count()), 1, owner.slots(), c, {}};
+  }
+  rows_sum_source<float> rows() const { return {const_table(buffers.received_rows, count()), plan.rows()}; }
+  int count() const { return towers.count(); }
+
+  emulated_towers<Optim, Layout> towers;
+  exchange_plan plan;
+  slice_owner<float, host_memory> owner;
+  exchange_buffers<float, host_memory> buffers;
+  tower_copies<typename emulated_towers<Optim, Layout>::copy_buffer> copies;
+  copy_list<float> gathered_copies;
+};
+
+char* bytes_at(float* buffer, std::size_t byte_offset) { return reinterpret_cast<char*>(buffer) + byte_offset; }
+
+// One step of every process: contributions, the all-to-all, each owner's pass(es), the gather and the
+// local broadcast. Checked: the screen over every owner's tiles in owner order, and the first non-finite
+// key over the senders' raw screens and the owners' sums; skipped steps stop there.
+template <class Optim, class Layout>
+screen_partials emulated_process_step(std::deque<emulated_process<Optim, Layout>>& processes, const std::vector<float>& weights,
+                                      bool checked, double max_norm, const typename Optim::template step_constants<float>& c) {
+  screen_partials partials;
+  for (std::size_t p = 0; p < processes.size(); ++p) {
+    auto& sender = processes[p];
+    const int towers = static_cast<int>(sender.towers.towers());
+    run_copies_on_host(sender.copies.gradients_in());
+    contribution_agent<float> agent{const_table(sender.copies.gradients(), sender.count()), towers, sender.plan.contributions() == 1, {},
+                                    static_cast<unsigned>(p) * static_cast<unsigned>(towers), {},
+                                    checked ? &partials.first_nonfinite : nullptr};
+    std::copy(weights.begin() + static_cast<std::ptrdiff_t>(p) * towers, weights.begin() + static_cast<std::ptrdiff_t>(p + 1) * towers,
+              agent.weights.value);
+    for (int owner = 0; owner < sender.plan.processes(); ++owner) {
+      agent.rows = table(sender.buffers.send_rows[static_cast<std::size_t>(owner)], sender.count());
+      run_agent_on_host(agent, sender.plan.slice(owner).chunk_list(sender.towers.chunks()));
+    }
+  }
+  for (std::size_t owner = 0; owner < processes.size(); ++owner) {
+    for (std::size_t p = 0; p < processes.size(); ++p) {
+      const auto out = processes[p].plan.send_blocks(sizeof(float));
+      const auto in = processes[owner].plan.receive_blocks(sizeof(float));
+      REQUIRE(out.bytes[owner] == in.bytes[p]);
+      std::memcpy(bytes_at(processes[owner].buffers.received.get(), in.offsets[p]),
+                  bytes_at(processes[p].buffers.send.get(), out.offsets[owner]), in.bytes[p]);
+    }
+  }
+  float coefficient = 1.0f;
+  if (checked) {
+    for (auto& owner : processes) {
+      const pointer_table<float> averaged = table(owner.owner.average(), owner.count());
+      const accumulating_source<rows_sum_source<float>, float> source{owner.rows(), averaged, {}};
+      screen_tiles(source, averaged, make_chunk_table(owner.plan.mine().ranges, screen_tile_elements), partials);
+    }
+    if (partials.first_nonfinite != no_nonfinite) return partials;
+    coefficient = clip_coefficient(partials, max_norm);
+  }
+  for (auto& owner : processes) {
+    if (checked) {
+      const pointer_table<const float> average = const_table(owner.owner.average(), owner.count());
+      run_agent_on_host(fused_apply_agent<Optim, float, 1>{average, 1, {coefficient}, owner.apply(c)}, owner.owner.chunks());
+    } else {
+      run_agent_on_host(rows_apply_agent<Optim, float>{owner.rows(), owner.apply(c)}, owner.owner.chunks());
+    }
+  }
+  for (auto& process : processes) {
+    const auto blocks = process.plan.gather_blocks(sizeof(float));
+    for (std::size_t owner = 0; owner < processes.size(); ++owner)
+      std::memcpy(bytes_at(process.buffers.gathered.get(), blocks.offsets[owner]), processes[owner].owner.master_storage(),
+                  blocks.bytes[owner]);
+    if (process.copies.reached() > 0)
+      run_agent_on_host(copy_agent<float>{const_table(process.buffers.gathered_flat, process.count()),
+                                          table(process.copies.replicas(), process.count()), process.copies.reached()},
+                        process.towers.chunks());
+    run_copies_on_host(process.gathered_copies);
+  }
+  return partials;
+}
+
+template <class Optim, class Layout>
+void check_emulated_processes(const typename Optim::hyper_parameters& h, bool checked, topology links, std::uint64_t salt) {
+  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
+  // "tail" spans five screen tiles (the chunks here), the last one partial: slices cut through it.
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {9001}}};
+  random_source random(salt);
+  for (int count = 1; count <= 3; ++count) {
+    for (std::size_t towers = 1; towers <= 4; ++towers) {
+      INFO(Optim::name << " " << Layout::name << (checked ? ", checked" : "") << ", topology " << static_cast<int>(links) << ", "
+                       << count << " processes x " << towers << " towers, seed " << random.seed());
+      const std::size_t all = towers * static_cast<std::size_t>(count), examples = 3 * all - 1;
+      pipeline_options options;
+      if (checked) options.max_grad_norm = 3.0;
+      else options.on_nonfinite = nonfinite_policy::unchecked;
+      trainer reference(variables, {{"x", dtype::float32, {1}}}, all, h, options);
+      std::deque<emulated_process<Optim, Layout>> processes;  // never moved: the wiring points into each one's towers
+      for (int r = 0; r < count; ++r) processes.emplace_back(variables, count, r, towers, h, checked, links);
+      std::vector<float> weights;
+      for (const shard& s : plan_split(examples, all, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
+      for (std::size_t v = 0; v < variables.count(); ++v) {
+        const std::vector<float> initial = random.normal(variables[v].size);
+        reference.set_parameter(v, initial.data(), initial.size());
+        for (auto& p : processes) {
+          for (std::size_t t = 0; t < towers; ++t) std::copy(initial.begin(), initial.end(), p.towers.replica(t).data(v));
+          p.parameter_set(v, initial);
+        }
+      }
+      const std::vector<float> x(examples, 1.0f);
+      batch b;
+      b.add("x", x.data(), examples, {1});
+      std::int64_t done = 0;
+      for (int step = 1; step <= 5; ++step) {
+        INFO("step " << step);
+        auto grads = draw_gradients(random, variables, all);
+        if (checked && step == 3) grads[all - 1][3][7000] = std::nanf("");
+        const step_stats stats = reference_step(reference, b, grads);
+        for (std::size_t g = 0; g < all; ++g) {
+          for (std::size_t v = 0; v < variables.count(); ++v)
+            std::copy(grads[g][v].begin(), grads[g][v].end(), processes[g / towers].towers.gradients(g % towers).data(v));
+        }
+        for (auto& p : processes) p.towers.poison_replicas();
+        const auto constants = Optim::template constants<float>(h, done + 1);
+        const screen_partials partials = emulated_process_step(processes, weights, checked, options.max_grad_norm, constants);
+        if (stats.skipped) {
+          check_same_nonfinite(partials, stats);
+          // The skipped step wrote nothing; the replicas the test poisoned get the reference's values back.
+          for (auto& p : processes) {
+            for (std::size_t t = 1; t < towers; ++t) {
+              for (std::size_t v = 0; v < variables.count(); ++v)
+                std::copy(reference.parameter(v).begin(), reference.parameter(v).end(), p.towers.replica(t).data(v));
+            }
+          }
+          continue;
+        }
+        ++done;
+        if (checked) CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
+        for (auto& p : processes) {
+          for (std::size_t t = 0; t < towers; ++t) {
+            for (std::size_t v = 0; v < variables.count(); ++v)
+              REQUIRE(first_bitwise_difference(p.towers.replica(t).view(v), reference.parameter(v)) == -1);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated GPU towers across processes (contributions, exchange, owners, gather) equal one process "
+                   "bitwise",
+                   "[multi_tensor][sharded]", layout::flat<float>, layout::per_variable<float>) {
+  for (topology links : {topology::one_device, topology::one_device_no_direct_access}) {
+    for (bool checked : {false, true}) {
+      for_each_optimizer(81, [&](auto optimizer, const auto& h, std::uint64_t salt) {
+        check_emulated_processes<typename decltype(optimizer)::type, TestType>(h, checked, links, salt);
+      });
+    }
+  }
+}
