@@ -48,10 +48,13 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
         stream_(root_),
         start_(root_, true),
         end_(root_, true),
-        chunks_(make_chunk_table(variables, Policy::chunk_elements), root_),
+        chunk_list_(make_chunk_table(variables, Policy::chunk_elements)),
+        chunks_(chunk_list_, root_),
         copies_(towers, 0, cuda_device_memory{root_}, true),
-        gradients_(copies_.gradients(), static_cast<int>(variables.count()), root_),
-        replicas_(copies_.replicas(), static_cast<int>(variables.count()), root_),
+        gradients_(vector_pointer_table<Policy>(copies_.gradients(), static_cast<int>(variables.count()), chunk_list_, root_,
+                                                "reduce::device0: the gradients it reads")),
+        replicas_(vector_pointer_table<Policy>(copies_.replicas(), static_cast<int>(variables.count()), chunk_list_, root_,
+                                               "reduce::device0: the replicas it writes")),
         average_(variables, root_) {
     check_device_tower_count("reduce::device0", towers.towers());
     for (std::size_t t = 0; t < towers.towers(); ++t) {
@@ -132,6 +135,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   int root_;
   cuda_stream stream_;
   cuda_event start_, end_;  // timing: stages.reduce
+  std::vector<tensor_chunk> chunk_list_;
   device_chunk_table chunks_;
   tower_copies<device_buffer> copies_;  // the towers the root does not reach (programs/copy_wiring.hpp)
   device_pointer_table<stored_type> gradients_, replicas_;  // role = tower: in place, or the root's copy

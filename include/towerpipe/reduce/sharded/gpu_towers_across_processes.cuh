@@ -73,8 +73,9 @@ class sharded_process_reducer {
         padded_starts_(padded_flat_starts(variables)),
         buffers_(plan_, variables, cuda_device_memory{device_}),
         copies_(towers, 0, cuda_device_memory{device_}, false),
-        gradients_(copies_.gradients(), count(), device_),
-        replicas_(non_empty(copies_.replicas()), count(), device_),
+        gradients_(vector_pointer_table<Policy>(copies_.gradients(), count(), table_, device_, "reduce::sharded: the gradients it reads")),
+        replicas_(vector_pointer_table<Policy>(non_empty(copies_.replicas()), count(), table_, device_,
+                                               "reduce::sharded: the replicas the gather writes")),
         gathered_copies_(gathered_into_copied_replicas(towers, copies_, buffers_.gathered.get(), device_, variables)),
         send_blocks_(plan_.send_blocks(sizeof(stored_type))),
         receive_blocks_(plan_.receive_blocks(sizeof(stored_type))),
@@ -174,8 +175,8 @@ class sharded_process_reducer {
   }
   // This process's part of the values (no communication).
   void set_state(std::size_t slot, std::size_t index, const stored_type* values) {
+    owner_.set_state(slot, index, values);  // checks the slot first: a refused call leaves the gathered slot valid
     gathered_slot_ = -1;
-    owner_.set_state(slot, index, values);
   }
 
  private:
