@@ -4,6 +4,7 @@
 // (TOWERPIPE_EXAMPLES_CBLAS); other types (the tests' double) and builds without a BLAS use a plain loop
 // that is correct but slow.
 
+#include <string>
 #include <type_traits>
 
 #if defined(TOWERPIPE_EXAMPLES_CBLAS)
@@ -17,6 +18,40 @@ namespace towerpipe_examples {
 inline void use_single_threaded_gemm() {
 #if defined(TOWERPIPE_EXAMPLES_CBLAS) && defined(OPENBLAS_VERSION)
   openblas_set_num_threads(1);
+#endif
+}
+
+// The BLAS the GEMMs go through and the kernel it took for this CPU: what the towers' arithmetic, and
+// so the parameters checksum, depends on (README.md, "Quick start").
+inline std::string gemm_backend() {
+#if defined(TOWERPIPE_EXAMPLES_CBLAS) && defined(OPENBLAS_VERSION)
+  return std::string(openblas_get_config()) + ", kernel " + openblas_get_corename();
+#elif defined(TOWERPIPE_EXAMPLES_CBLAS)
+  return "a CBLAS other than OpenBLAS";
+#else
+  return "none: a plain loop (slow; Debian: libopenblas-dev)";
+#endif
+}
+
+// Where OpenBLAS took a kernel without AVX2 on a CPU that has it (Debian 12's 0.3.21 does not know
+// recent Intel Xeons and falls back to Prescott: 2.7x slower on the MLP), the OPENBLAS_CORETYPE that
+// fits the CPU; empty where the kernel fits or the BLAS is not OpenBLAS. OpenBLAS reads the variable
+// when it loads, so it must be set before the program starts (examples/run.sh does).
+inline std::string better_openblas_core() {
+#if defined(TOWERPIPE_EXAMPLES_CBLAS) && defined(OPENBLAS_VERSION) && (defined(__x86_64__) || defined(__i386__))
+  const std::string kernel = openblas_get_corename();
+  for (const char* with_avx2 : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"}) {
+    if (kernel == with_avx2) return {};
+  }
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return {};
+  if (__builtin_cpu_supports("avx512bf16")) return "Cooperlake";
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  return "Haswell";
+#else
+  return {};
 #endif
 }
 

@@ -50,6 +50,8 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --compare-backends    train once per backend the towers allow (and per layout, unless --layout is
                         given), same seed and steps, and print one table; exit 1 unless every run
                         ends with the same parameters
+  --openblas-core       print the OPENBLAS_CORETYPE this CPU needs where OpenBLAS took a kernel
+                        without AVX2 on a CPU with it (an empty line where its kernel fits), and exit
   -h, --help            this text
 
 Flags take their value as the next argument or after '=': --towers 4, --towers=4. Output files and
@@ -96,6 +98,10 @@ options parse(int argc, char** argv) {
     }
     if (flag == "--help" || flag == "-h") {
       std::puts(usage);
+      std::exit(0);
+    }
+    if (flag == "--openblas-core") {  // for examples/run.sh, which sets it before the program starts
+      std::puts(towerpipe_examples::better_openblas_core().c_str());
       std::exit(0);
     }
     if (!known(switches, flag) && !known(valued, flag)) throw usage_error("unknown argument " + argument + " (see --help)");

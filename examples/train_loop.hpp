@@ -25,6 +25,7 @@
 
 #include "datasets.hpp"
 #include "classifier.hpp"
+#include "gemm.hpp"
 
 namespace towerpipe_examples::training {
 
@@ -210,6 +211,13 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   }
   std::printf("data: %s: %zu training, %zu test examples\n", data.description.c_str(), data.train.examples(),
               data.test.examples());
+  if (std::is_same_v<Exec, exec::host>) {  // the host towers' GEMMs
+    std::printf("blas: %s\n", towerpipe_examples::gemm_backend().c_str());
+    const std::string better = towerpipe_examples::better_openblas_core();
+    if (!better.empty())
+      std::printf("blas: this kernel lacks AVX2, which this CPU has: OPENBLAS_CORETYPE=%s runs faster (examples/run.sh sets it)\n",
+                  better.c_str());
+  }
   std::printf("model: %s, %zu parameters; %zu %s towers%s, reduce::%s, %s, layout::%s, batch %zu, lr %g\n",
               model.describe().c_str(), p.variables().total_size(), p.towers(),
               std::is_same_v<Exec, exec::host> ? "host" : "GPU",

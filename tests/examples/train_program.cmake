@@ -29,6 +29,28 @@ final_field("${out}" "final: test accuracy ([0-9.]+)%" last)
 if(last LESS 60 OR last LESS first)
   message(FATAL_ERROR "accuracy ${first}% -> ${last}%: not learning\n${out}")
 endif()
+# The BLAS line names the library and the kernel it took; where OpenBLAS took a kernel without AVX2
+# (forced here: Prescott) on a CPU with AVX2, --openblas-core names one with it, and the run says so.
+final_field("${out}" "blas: ([^\n]*)" blas)
+if(blas MATCHES "^OpenBLAS .*, kernel [A-Za-z0-9]+$")
+  file(READ /proc/cpuinfo cpuinfo)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env OPENBLAS_CORETYPE=Prescott ${TRAIN} --openblas-core
+                  OUTPUT_VARIABLE core OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(cpuinfo MATCHES "[ \t]avx2[ \t\n]" AND cpuinfo MATCHES "[ \t]fma[ \t\n]")
+    if(NOT core MATCHES "^(Haswell|SkylakeX|Cooperlake)$")
+      message(FATAL_ERROR "OpenBLAS forced to Prescott on a CPU with AVX2: --openblas-core printed '${core}'")
+    endif()
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env OPENBLAS_CORETYPE=Prescott ${TRAIN} ${small} --epochs 1
+                    RESULT_VARIABLE status OUTPUT_VARIABLE forced)
+    if(NOT status EQUAL 0 OR NOT forced MATCHES "blas: [^\n]*kernel Prescott\nblas: this kernel lacks AVX2[^\n]*OPENBLAS_CORETYPE=${core} ")
+      message(FATAL_ERROR "OpenBLAS forced to Prescott: the run did not name OPENBLAS_CORETYPE=${core}:\n${forced}")
+    endif()
+  elseif(NOT core STREQUAL "")
+    message(FATAL_ERROR "a CPU without AVX2: --openblas-core printed '${core}'")
+  endif()
+elseif(NOT blas MATCHES "^none: a plain loop")
+  message(FATAL_ERROR "blas line '${blas}'")
+endif()
 # The summary says where a step's time went.
 final_field("${out}" "stages, mean per step: split [0-9.]+ ms, towers ([0-9.]+) ms" towers_ms)
 final_field("${out}" "stages, mean per step: .* reduce ([0-9.]+) ms" reduce_ms)
