@@ -68,10 +68,10 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     const std::vector<stored_type*> root_targets = wiring_.root_target_pointers<stored_type>(towers);
     root_replica_count_ = wiring_.root_replicas();
     const std::vector<tensor_chunk> chunk_list = make_chunk_table(variables, Policy::chunk_elements);
-    const auto checked_table = [&](const std::vector<stored_type*>& pointers, int device, const char* what) {
+    const auto aligned_table = [&](const std::vector<stored_type*>& pointers, int device, const char* what) {
       return std::make_unique<device_pointer_table<stored_type>>(vector_pointer_table<Policy>(pointers, count, chunk_list, device, what));
     };
-    root_targets_ = checked_table(root_targets, towers.device(0), "reduce::p2p_tree: the replicas the root writes");
+    root_targets_ = aligned_table(root_targets, towers.device(0), "reduce::p2p_tree: the replicas the root writes");
     const std::size_t rounds = canonical_tree_rounds<stored_type>(static_cast<int>(n), std::vector<stored_type>(n, stored_type(1))).size();
     for (std::size_t t = 0; t < n; ++t) {
       const int device = towers.device(t);
@@ -82,7 +82,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         log_warning(make_message("reduce::p2p_tree: tower ", t, " (device ", device,
                                  ") reads some of its children in the tree through copies: no direct access"));
       }
-      own.sums = checked_table(wiring_.sum_pointers<stored_type>(towers, t, own.scratch.get()), device,
+      own.sums = aligned_table(wiring_.sum_pointers<stored_type>(towers, t, own.scratch.get()), device,
                                "reduce::p2p_tree: the partial sums a tower reads");
       if (t == 0) continue;
       // Parents come first in tower order (left < right on every edge): the parent's scratch exists.
@@ -92,9 +92,9 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
       if (wiring_.written_by_root[t]) continue;
       // A tower that pulls its parameters from its parent.
       std::vector<device_buffer*> target{&towers.replica(t)};
-      own.own_replica = checked_table(gather_pointers<stored_type>(target), device, "reduce::p2p_tree: the replica a tower pulls into");
+      own.own_replica = aligned_table(gather_pointers<stored_type>(target), device, "reduce::p2p_tree: the replica a tower pulls into");
       std::vector<device_buffer*> source{&towers.replica(static_cast<std::size_t>(wiring_.parent[t]))};
-      own.parent_replica = checked_table(gather_pointers<stored_type>(source), device, "reduce::p2p_tree: the replica a tower pulls from");
+      own.parent_replica = aligned_table(gather_pointers<stored_type>(source), device, "reduce::p2p_tree: the replica a tower pulls from");
     }
   }
 
