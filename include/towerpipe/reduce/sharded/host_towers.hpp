@@ -239,7 +239,8 @@ class sharded_host_reducer {
   // f(first element, count) for each block of the chunk: small enough that the scratch arrays stay in L1.
   template <class F>
   static void for_each_block(const tensor_chunk& chunk, F&& f) {
-    for (std::size_t begin = 0; begin < chunk.count; begin += block) f(chunk.first + begin, std::min<std::size_t>(block, chunk.count - begin));
+    for (std::size_t begin = 0; begin < chunk.count; begin += block)
+      f(chunk.first + begin, std::min<std::size_t>(block, chunk.count - begin));
   }
 
   std::size_t variable_count() const { return variables_.count(); }
