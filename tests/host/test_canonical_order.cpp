@@ -56,6 +56,28 @@ TEST_CASE("canonical_sum equals the definition's tree for 1..33 towers", "[canon
   CHECK(order_mattered);
 }
 
+TEST_CASE("canonical_block_sum equals the definition's tree element by element for 1..33 towers", "[canonical]") {
+  random_source random(2);
+  INFO("seed " << random.seed());
+  constexpr std::size_t block = 16, count = 13;  // a block the loops do not fill
+  for (int towers = 1; towers <= 33; ++towers) {
+    const std::size_t n = static_cast<std::size_t>(towers);
+    const std::vector<float> values = random.wide(n * count);  // tower t's block at t * count
+    const std::vector<float> weights = random.normal(n);
+    float scratch[32][block];
+    detail::canonical_block_sum(towers, count, scratch, [&](int tower, float* out) {
+      const std::size_t t = static_cast<std::size_t>(tower);
+      for (std::size_t k = 0; k < count; ++k) out[k] = detail::rounded_mul(weights[t], values[t * count + k]);
+    });
+    for (std::size_t k = 0; k < count; ++k) {
+      std::vector<float> column(n);
+      for (std::size_t t = 0; t < n; ++t) column[t] = values[t * count + k];
+      INFO("towers " << towers << ", element " << k);
+      REQUIRE(bits_of(scratch[0][k]) == bits_of(definition_tree_sum(weights, column)));
+    }
+  }
+}
+
 TEST_CASE("canonical_slots bounds the stack depth of the tree", "[canonical]") {
   for (int towers = 1; towers <= 100; ++towers) {
     int depth = 0, deepest = 0;

@@ -54,3 +54,17 @@ TEST_CASE("a power of two of towers sends one partial per process, any other num
   CHECK(contributions_per_process(6) == 6);
   CHECK(contributions_per_process(8) == 1);
 }
+
+TEST_CASE("exchange_plan takes at most 1024 rows per owner by default (GPU towers), any int count when told (host towers)",
+          "[multi_tensor][sharded]") {
+  const variable_set variables{{"w", {4096}}};
+  const std::vector<tensor_chunk> table = make_chunk_table(variables, 2048);
+  CHECK_THROWS_WITH(exchange_plan(table, 1, 2, 0, 600),
+                    "towerpipe: reduce::sharded sums at most 1024 contributions per element; 2 processes send 600 each (use a "
+                    "power-of-two number of towers per process: one each)");
+  CHECK_NOTHROW(exchange_plan(table, 1, 2, 0, 512));
+  const exchange_plan host(table, 1, 2, 1, 600, max_host_process_rows);
+  CHECK(host.rows() == 1200);
+  CHECK(host.mine().stored_elements == 2048);  // the second of two equal halves
+  CHECK(host.receive_elements() == 1200 * 2048);
+}

@@ -40,7 +40,7 @@ struct emulated_process {
 
   // The pipeline's set_parameter, as the reducer hears it (parameter_set): its slice of the master copy.
   void parameter_set(std::size_t v, const std::vector<float>& values) {
-    owner.for_each_part(v, [&](std::size_t offset, const element_range& r) {
+    owner.slice().for_each_stored_range_of(v, [&](const element_range& r, std::size_t offset) {
       std::copy(values.begin() + static_cast<std::ptrdiff_t>(r.begin), values.begin() + static_cast<std::ptrdiff_t>(r.end),
                 owner.master_storage() + offset);
     });

@@ -12,6 +12,7 @@
 // registers and a block of elements in scratch arrays. The left operand of every addition is the partial
 // of lower tower index.
 
+#include <cstddef>
 #include <type_traits>
 
 #include "towerpipe/core/config.hpp"
@@ -65,6 +66,19 @@ struct scalar_tree_combine {
     partial[left] = rounded_add(partial[left], partial[right]);
   }
 };
+
+// Block form, for host loops: the canonical sum of `count` elements of each of `leaves` rows, element by
+// element, over scratch arrays of Block values, one per partial alive; load(leaf, out) writes the leaf's
+// `count` weighted values to out. The sum ends in scratch[0]. Each step is a loop over the block, which
+// the compiler vectorises; the order is canonical_tree_reduce's, so the bits are the scalar form's.
+template <class T, std::size_t Block, class Load>
+void canonical_block_sum(int leaves, std::size_t count, T (&scratch)[32][Block], Load&& load) {
+  canonical_tree_reduce(
+      leaves, [&](int leaf, int slot) { load(leaf, scratch[slot]); },
+      [&](int left, int right) {
+        for (std::size_t k = 0; k < count; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
+      });
+}
 
 }  // namespace detail
 

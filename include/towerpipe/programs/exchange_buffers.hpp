@@ -17,13 +17,6 @@
 namespace towerpipe {
 namespace detail {
 
-// Rows each process sends each owner (exchange_plan's `contributions`): with a power of two of towers
-// its canonical partial (a subtree of the global tree, programs/process_agents.hpp), else one per tower.
-inline std::size_t contributions_per_process(std::size_t towers) {
-  const bool power_of_two = towers != 0 && (towers & (towers - 1)) == 0;
-  return power_of_two ? 1 : towers;
-}
-
 template <class T, class Memory>
 struct exchange_buffers {
   exchange_buffers(const exchange_plan& plan, const variable_set& variables, const Memory& memory)

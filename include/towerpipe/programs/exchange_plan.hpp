@@ -1,10 +1,11 @@
 #pragma once
-// Where reduce::sharded's contributions travel between processes with GPU towers
-// (reduce/sharded/gpu_towers_across_processes.cuh): the chunk table cut into one slice per process
-// (programs/owner_slices.hpp: whole chunks, so whole screen tiles), and the buffers of the exchange, in
-// elements, as every process computes them alike. Every row is a slice's compact storage
-// (slice.stored_elements long, each range on a multiple of stored_alignment elements), so every block
-// starts aligned for vector I/O. Plain C++: the host tests emulate the exchange with it.
+// Where reduce::sharded's contributions travel between processes, with host towers
+// (reduce/sharded/host_towers.hpp) and with GPU towers (reduce/sharded/gpu_towers_across_processes.cuh):
+// the chunk table cut into one slice per process (programs/owner_slices.hpp: whole chunks, so whole screen
+// tiles), and the buffers of the exchange, in elements, as every process computes them alike. Every row
+// is a slice's compact storage (slice.stored_elements long, each range on a multiple of stored_alignment
+// elements), so every block starts aligned for vector I/O. Plain C++: the host tests emulate the
+// exchange with it.
 //
 //   send buffer     owner-major: owner r's block at contributions * first(r), its contributions (rows)
 //                   one after another: one block per owner, whatever the rows, so that the all-to-all
@@ -15,6 +16,7 @@
 //                   each padded (padded_flat_starts: the slices' storage in owner order).
 
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
@@ -24,21 +26,33 @@
 namespace towerpipe {
 namespace detail {
 
-// Rows an owner sums at most (processes x contributions each): the bound of the canonical tree's slots
-// in programs/process_agents.hpp.
+// Rows an owner sums at most (processes x contributions each) with GPU towers: the bound of the canonical
+// tree's slots in programs/process_agents.hpp.
 constexpr int max_process_rows = 1024;
+// The same with host towers: the block tree's 32 scratch arrays (canonical_block_sum) take any int count.
+constexpr int max_host_process_rows = std::numeric_limits<int>::max();
+
+// Rows each process sends each owner (exchange_plan's `contributions`), for reduce::sharded's host and
+// GPU forms alike: with a power of two of towers its canonical partial (a subtree of the global tree,
+// programs/process_agents.hpp), else one per tower.
+inline std::size_t contributions_per_process(std::size_t towers) {
+  const bool power_of_two = towers != 0 && (towers & (towers - 1)) == 0;
+  return power_of_two ? 1 : towers;
+}
 
 class exchange_plan {
  public:
-  // contributions: rows each process sends each owner (1: its partial; else one per tower).
-  exchange_plan(const std::vector<tensor_chunk>& table, std::size_t variables, int processes, int rank, std::size_t contributions)
+  // contributions: rows each process sends each owner (1: its partial; else one per tower); max_rows: the
+  // most rows the owner's sum takes.
+  exchange_plan(const std::vector<tensor_chunk>& table, std::size_t variables, int processes, int rank, std::size_t contributions,
+                int max_rows = max_process_rows)
       : slices_(cut_into_slices(table, static_cast<std::size_t>(processes))),
         variables_(variables),
         rank_(rank),
         contributions_(contributions) {
-    if (static_cast<std::size_t>(processes) * contributions > static_cast<std::size_t>(max_process_rows))
-      fail("reduce::sharded with GPU towers sums at most ", max_process_rows, " contributions per element; ", processes,
-           " processes send ", contributions, " each (use a power-of-two number of towers per process: one each)");
+    if (static_cast<std::size_t>(processes) * contributions > static_cast<std::size_t>(max_rows))
+      fail("reduce::sharded sums at most ", max_rows, " contributions per element; ", processes, " processes send ", contributions,
+           " each (use a power-of-two number of towers per process: one each)");
     std::size_t first = 0;
     for (const owner_slice& slice : slices_) {
       first_.push_back(first);

@@ -2,7 +2,8 @@
 // The chunk table (programs/chunk_table.hpp) cut into one contiguous run of chunks per owner, balanced by
 // elements, and the pointer tables of an owner's compact storage of its slice (its part of the
 // optimizer state, of a checked step's average): reduce::sharded for GPU towers gives tower t's device
-// slice t. Plain C++: the host tests run the owners' agents over these tables.
+// slice t, and across processes (programs/exchange_plan.hpp, host or GPU towers) process r slice r.
+// Plain C++: the host tests run the owners' agents over these tables.
 //
 // A slice is whole chunks, so it starts where a chunk starts: on a multiple of chunk_elements inside a
 // variable, hence of the screen's tile (programs/screen.hpp) when chunk_elements is a multiple of it, and
@@ -45,6 +46,14 @@ struct owner_slice {
   template <class F>
   void for_each_stored_range(F&& f) const {
     for (std::size_t i = 0; i < ranges.size(); ++i) f(ranges[i], stored_at[i]);
+  }
+
+  // f(range, offset in compact storage) for the slice's range of `variable`, if it holds one.
+  template <class F>
+  void for_each_stored_range_of(std::size_t variable, F&& f) const {
+    for_each_stored_range([&](const element_range& range, std::size_t offset) {
+      if (range.variable == variable) f(range, offset);
+    });
   }
 
   bool empty() const { return chunks.first == chunks.last; }

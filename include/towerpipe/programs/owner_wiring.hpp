@@ -73,15 +73,6 @@ class slice_owner {
     return state_.get() + slot * slice_.stored_elements;
   }
 
-  // f(offset in compact storage, range) for the owner's ranges of variable `index`: how a variable's
-  // values reach its storage (state, master) between steps.
-  template <class F>
-  void for_each_part(std::size_t index, F&& f) const {
-    slice_.for_each_stored_range([&](const element_range& r, std::size_t offset) {
-      if (r.variable == index) f(offset, r);
-    });
-  }
-
  private:
   static storage allocate(const Memory& memory, std::size_t elements) { return memory.template allocate<T>(elements, 256); }
 

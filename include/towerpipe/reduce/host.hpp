@@ -101,6 +101,19 @@ unsigned exponent_all_ones(T x) {
   }
 }
 
+// out[k] = w * g[k], g widened to the master type, for `count` elements. Returns 1 if any g[k] is an
+// infinity or a NaN (first_nonfinite_in then says which), else 0.
+template <class Master, class Stored>
+unsigned weigh_block(Master w, const Stored* g, std::size_t count, Master* out) {
+  unsigned bad = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const Master x = widen<Master>(g[k]);
+    bad |= exponent_all_ones(x);
+    out[k] = rounded_mul(w, x);
+  }
+  return bad;
+}
+
 // The key of the first non-finite value of values[0, count), which are elements at, at + 1, ... of the
 // variable, as seen in `tower`; no_nonfinite when all are finite.
 template <class Master, class U>
@@ -230,22 +243,11 @@ class host_optimizer_pass {
     value_type scratch[32][block];
     for (unsigned begin = 0; begin < tile.count; begin += block) {
       const unsigned count = std::min(block, tile.count - begin), at = tile.first + begin;
-      canonical_tree_reduce(
-          static_cast<int>(sources.size()),
-          [&](int tower, int slot) {
-            const stored_type* g = sources[static_cast<std::size_t>(tower)] + at;
-            const value_type w = weights[static_cast<std::size_t>(tower)];
-            unsigned bad = 0;
-            for (unsigned k = 0; k < count; ++k) {
-              const value_type x = widen<value_type>(g[k]);
-              bad |= exponent_all_ones(x);
-              scratch[slot][k] = rounded_mul(w, x);
-            }
-            if (bad != 0) first = std::min(first, first_nonfinite_in<value_type>(g, count, tile.variable, at, static_cast<unsigned>(tower)));
-          },
-          [&](int left, int right) {
-            for (unsigned k = 0; k < count; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
-          });
+      canonical_block_sum(static_cast<int>(sources.size()), count, scratch, [&](int tower, value_type* weighted) {
+        const stored_type* g = sources[static_cast<std::size_t>(tower)] + at;
+        if (weigh_block(weights[static_cast<std::size_t>(tower)], g, count, weighted) != 0)
+          first = std::min(first, first_nonfinite_in<value_type>(g, count, tile.variable, at, static_cast<unsigned>(tower)));
+      });
       value_type* o = out + at;
       const unsigned bad = accumulate_average(step, scratch[0], o, count);
       if (bad != 0) first = std::min(first, first_nonfinite_in<value_type>(o, count, tile.variable, at, nonfinite_sum_tower));
@@ -257,16 +259,11 @@ class host_optimizer_pass {
                    const std::vector<const value_type*>& gradients, const std::vector<value_type>& weights,
                    const constants_type& constants) {
     value_type scratch[32][host_reduce_policy::block_elements];
-    canonical_tree_reduce(
-        static_cast<int>(gradients.size()),
-        [&](int tower, int slot) {
-          const value_type* g = gradients[static_cast<std::size_t>(tower)] + first;
-          const value_type w = weights[static_cast<std::size_t>(tower)];
-          for (std::size_t k = 0; k < count; ++k) scratch[slot][k] = rounded_mul(w, g[k]);
-        },
-        [&](int left, int right) {
-          for (std::size_t k = 0; k < count; ++k) scratch[left][k] = rounded_add(scratch[left][k], scratch[right][k]);
-        });
+    canonical_block_sum(static_cast<int>(gradients.size()), count, scratch, [&](int tower, value_type* out) {
+      const value_type* g = gradients[static_cast<std::size_t>(tower)] + first;
+      const value_type w = weights[static_cast<std::size_t>(tower)];
+      for (std::size_t k = 0; k < count; ++k) out[k] = rounded_mul(w, g[k]);
+    });
 
     value_type* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
     for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data(variable) + first;

@@ -106,7 +106,7 @@ class gpu_owner {
     const stored_type* storage = parts_.slot_storage(slot);
     device_guard on(device_);
     synchronize();
-    parts_.for_each_part(index, [&](std::size_t offset, const element_range& r) {
+    parts_.slice().for_each_stored_range_of(index, [&](const element_range& r, std::size_t offset) {
       TOWERPIPE_CUDA_CHECK(
           cudaMemcpy(values + r.begin, storage + offset, (r.end - r.begin) * sizeof(stored_type), cudaMemcpyDeviceToHost));
     });
@@ -124,7 +124,7 @@ class gpu_owner {
   void set_parts(stored_type* storage, std::size_t index, const stored_type* values) {
     device_guard on(device_);
     synchronize();
-    parts_.for_each_part(index, [&](std::size_t offset, const element_range& r) {
+    parts_.slice().for_each_stored_range_of(index, [&](const element_range& r, std::size_t offset) {
       copy_to_device_now(storage + offset, values + r.begin, (r.end - r.begin) * sizeof(stored_type));
     });
   }
