@@ -124,12 +124,15 @@ void measure(const std::string& model, const variable_set& variables, std::size_
 
   std::vector<std::unique_ptr<towers_type>> tower_sets;
   std::vector<std::unique_ptr<reducer_type>> reducers;
+  pipeline_options options;  // reduce::sharded allocates a checked step's buffers only when told it takes them
+  if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
+  const detail::processes one_process(options, checked, towers, {});  // what a pipeline lends reduce::sharded
   for (std::size_t i = 0; i < instances; ++i) {
     tower_sets.push_back(std::make_unique<towers_type>(variables, towers, pipeline_options{}));
-    if constexpr (std::is_constructible_v<reducer_type, const variable_set&, const typename Optim::hyper_parameters&,
-                                          towers_type&, const pipeline_options&>) {
-      pipeline_options options;  // reduce::sharded allocates a checked step's buffers only when told it takes them
-      if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
+    if constexpr (detail::reducer_spans_processes<reducer_type, towers_type, Optim>::value) {
+      reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back(), options, one_process));
+    } else if constexpr (std::is_constructible_v<reducer_type, const variable_set&, const typename Optim::hyper_parameters&,
+                                                 towers_type&, const pipeline_options&>) {
       reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back(), options));
     } else {
       reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back()));
