@@ -102,9 +102,10 @@ class pipeline {
     if (options_.processes && !spans_processes)
       detail::fail("pipeline_options::processes is set, but reduce::", Reduce::name, " does not span processes: each process would ",
                    "train alone on its own shards; use reduce::sharded, or leave processes empty");
-    processes_ = std::make_unique<detail::processes>(
+    processes_ = std::make_unique<detail::processes>(  // alone, a process has nothing to compare
         options_, checked_steps(options_), towers,
-        detail::configuration_fingerprint<Optim, Layout>(Exec::name, *variables_, hyper_parameters_, towers, options_));
+        options_.processes ? detail::configuration_fingerprint<Optim, Layout>(Exec::name, *variables_, hyper_parameters_, towers, options_)
+                           : std::vector<std::string>{});
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = make_reducer();
     if (options_.trace != nullptr && across_processes())

@@ -69,7 +69,6 @@ class emulated_towers {
     for (int s = 0; s < Optim::state_slots(h); ++s) state_.emplace_back(variables);
     gradient_pointers_ = gather_pointers<float>(roles(gradients_));
     state_pointers_ = gather_pointers<float>(roles(state_));
-    state_pointers_.push_back(nullptr);  // never empty
   }
 
   std::size_t towers() const { return gradients_.size(); }

@@ -44,14 +44,15 @@ class device_chunk_table {
   cuda_device_memory::owner<tensor_chunk> chunks_;
 };
 
-// A pointer table (programs/chunk_table.hpp) uploaded to one device.
+// A pointer table (programs/chunk_table.hpp) uploaded to one device. A table of no roles (no state
+// slots, no replica reached directly) still gets a zeroed entry, so that its view is a valid pointer.
 template <class T>
 class device_pointer_table {
  public:
   device_pointer_table(const std::vector<T*>& pointers, int variables, int device)
-      : variables_(variables), pointers_(cuda_device_memory{device}.allocate<T*>(pointers.size(), 256)) {
+      : variables_(variables), pointers_(cuda_device_memory{device}.allocate<T*>(std::max<std::size_t>(pointers.size(), 1), 256)) {
     device_guard on(device);
-    copy_to_device_now(pointers_.get(), pointers.data(), pointers.size() * sizeof(T*));
+    if (!pointers.empty()) copy_to_device_now(pointers_.get(), pointers.data(), pointers.size() * sizeof(T*));
   }
   pointer_table<T> view() const { return {pointers_.get(), variables_}; }
   pointer_table<const T> const_view() const { return {pointers_.get(), variables_}; }

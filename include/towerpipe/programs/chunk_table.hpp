@@ -91,13 +91,17 @@ struct pointer_table {
   TOWERPIPE_HOST_DEVICE T* at(int role, int variable) const { return pointers[role * variables + variable]; }
 };
 
+// One role of a table's pointer array: the buffer's role.data(v) for every variable v, appended.
+template <class T, class Buffer>
+void append_role(std::vector<T*>& pointers, const Buffer& role) {
+  for (std::size_t v = 0; v < role.variables().count(); ++v) pointers.push_back(role.data(v));
+}
+
 // The table's pointer array for buffers of one layout: roles[r]->data(v) at [r][v].
 template <class T, class Buffer>
 std::vector<T*> gather_pointers(const std::vector<Buffer*>& roles) {
   std::vector<T*> pointers;
-  for (Buffer* role : roles) {
-    for (std::size_t v = 0; v < role->variables().count(); ++v) pointers.push_back(role->data(v));
-  }
+  for (Buffer* role : roles) append_role(pointers, *role);
   return pointers;
 }
 

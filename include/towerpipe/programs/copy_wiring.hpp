@@ -72,18 +72,18 @@ class tower_copies {
     const int device = towers.device(reader);
     for (std::size_t t = 0; t < copied_.size(); ++t) {
       if (!copied_[t]) {
-        append(gradient_pointers_, towers.gradients(t));
-        append(replica_pointers_, towers.replica(t));
+        append_role(gradient_pointers_, towers.gradients(t));
+        append_role(replica_pointers_, towers.replica(t));
         continue;
       }
       const auto& variables = towers.gradients(t).variables();
       gradients_[t] = std::make_unique<CopyBuffer>(variables, memory);
       add_whole_copy(gradients_in_, *gradients_[t], device, towers.gradients(t), towers.device(t));
-      append(gradient_pointers_, *gradients_[t]);
+      append_role(gradient_pointers_, *gradients_[t]);
       if (!replicas_too) continue;
       replicas_[t] = std::make_unique<CopyBuffer>(variables, memory);
       add_whole_copy(replicas_out_, towers.replica(t), towers.device(t), *replicas_[t], device);
-      append(replica_pointers_, *replicas_[t]);
+      append_role(replica_pointers_, *replicas_[t]);
     }
   }
 
@@ -102,11 +102,6 @@ class tower_copies {
   const copy_list<value_type>& replicas_out() const { return replicas_out_; }
 
  private:
-  template <class Buffer>
-  static void append(std::vector<value_type*>& pointers, const Buffer& buffer) {
-    for (std::size_t v = 0; v < buffer.variables().count(); ++v) pointers.push_back(buffer.data(v));
-  }
-
   std::vector<char> copied_;
   std::vector<std::unique_ptr<CopyBuffer>> gradients_, replicas_;  // per tower; null: used in place
   std::vector<value_type*> gradient_pointers_, replica_pointers_;
@@ -157,8 +152,8 @@ struct tree_wiring {
   std::vector<T*> sum_pointers(Towers& towers, std::size_t reader, const Scratch* scratch) const {
     std::vector<T*> pointers;
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      for (std::size_t v = 0; v < towers.gradients(t).variables().count(); ++v)
-        pointers.push_back(via_scratch[reader][t] ? scratch->data(v) : towers.gradients(t).data(v));
+      if (via_scratch[reader][t]) append_role(pointers, *scratch);
+      else append_role(pointers, towers.gradients(t));
     }
     return pointers;
   }

@@ -115,7 +115,7 @@ std::vector<T*> slice_pointers(const owner_slice& slice, T* base, std::size_t va
 
 // slice_pointers for `rows` compact copies of the slice one after another from `base` (an owner's
 // optimizer state slots, the contributions it receives): entries [row][variable], as pointer_table
-// indexes roles; a single null entry when there are no rows, since a table needs one to allocate.
+// indexes roles.
 template <class T>
 std::vector<T*> slice_row_pointers(const owner_slice& slice, T* base, std::size_t rows, std::size_t variable_count) {
   std::vector<T*> pointers;
@@ -123,7 +123,6 @@ std::vector<T*> slice_row_pointers(const owner_slice& slice, T* base, std::size_
     const std::vector<T*> row = slice_pointers(slice, base + k * slice.stored_elements, variable_count);
     pointers.insert(pointers.end(), row.begin(), row.end());
   }
-  if (pointers.empty()) pointers.push_back(nullptr);
   return pointers;
 }
 

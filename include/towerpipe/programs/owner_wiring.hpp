@@ -98,10 +98,8 @@ class slice_copies {
     const std::size_t variables = towers.gradients(0).variables().count();
     for (std::size_t t = 0; t < copied_.size(); ++t) {
       if (!copied_[t]) {
-        for (std::size_t v = 0; v < variables; ++v) {
-          gradients_.push_back(towers.gradients(t).data(v));
-          replicas_.push_back(towers.replica(t).data(v));
-        }
+        append_role(gradients_, towers.gradients(t));
+        append_role(replicas_, towers.replica(t));
         continue;
       }
       copies_[t] = std::make_unique<copy>(copy{memory.template allocate<T>(slice.stored_elements, 256),

@@ -43,13 +43,13 @@ class device_optimizer_state {
         host_mirror_(variables),
         master_(variables_if(mixed, variables), cuda_device_memory{device}),
         master_mirror_(variables_if(mixed, variables)),
-        master_table_(non_empty(gather_pointers<T>(std::vector<device_buffer*>{&master_})),
+        master_table_(gather_pointers<T>(std::vector<device_buffer*>{&master_}),
                       static_cast<int>(master_.variables().count()), device) {
     const int slots = Optim::state_slots(h);
     for (int s = 0; s < slots; ++s) slots_.emplace_back(variables, cuda_device_memory{device});
     std::vector<device_buffer*> roles;
     for (device_buffer& slot : slots_) roles.push_back(&slot);
-    table_ = std::make_unique<device_pointer_table<T>>(non_empty(gather_pointers<T>(roles)),
+    table_ = std::make_unique<device_pointer_table<T>>(gather_pointers<T>(roles),
                                                        static_cast<int>(variables.count()), device);
   }
 
@@ -95,12 +95,6 @@ class device_optimizer_state {
   pointer_table<T> master_table() const { return master_table_.view(); }
 
  private:
-  // An empty table still needs one entry to allocate.
-  static std::vector<T*> non_empty(std::vector<T*> pointers) {
-    if (pointers.empty()) pointers.push_back(nullptr);
-    return pointers;
-  }
-
   int device_;
   std::vector<device_buffer> slots_;
   typename Layout::template buffer<host_memory, T> host_mirror_;

@@ -74,7 +74,7 @@ class sharded_process_reducer {
         buffers_(plan_, variables, cuda_device_memory{device_}),
         copies_(towers, 0, cuda_device_memory{device_}, false),
         gradients_(vector_pointer_table<Policy>(copies_.gradients(), count(), table_, device_, "reduce::sharded: the gradients it reads")),
-        replicas_(vector_pointer_table<Policy>(non_empty(copies_.replicas()), count(), table_, device_,
+        replicas_(vector_pointer_table<Policy>(copies_.replicas(), count(), table_, device_,
                                                "reduce::sharded: the replicas the gather writes")),
         gathered_copies_(gathered_into_copied_replicas(towers, copies_, buffers_.gathered.get(), device_, variables)),
         send_blocks_(plan_.send_blocks(sizeof(stored_type))),
@@ -191,11 +191,6 @@ class sharded_process_reducer {
 
   static double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  // A table needs one entry to allocate.
-  static std::vector<stored_type*> non_empty(std::vector<stored_type*> pointers) {
-    if (pointers.empty()) pointers.push_back(nullptr);
-    return pointers;
   }
   int count() const { return static_cast<int>(variables_.count()); }
 
