@@ -47,6 +47,7 @@
 #include "towerpipe/exec/towers_contract.hpp"
 #include "towerpipe/programs/screen.hpp"
 #include "towerpipe/reduce/reducer_contract.hpp"
+#include "towerpipe/reduce/overlapped_reduction.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/accumulation_window.hpp"
@@ -85,6 +86,10 @@ class pipeline {
   static_assert(detail::check_towers_contract<towers_type>());
   static_assert(detail::check_reducer_contract<reducer_type, towers_type, Optim, master_type, mixed_precision>());
   static constexpr bool spans_processes = detail::reducer_spans_processes<reducer_type, towers_type, Optim>::value;
+  // Whether gradient buckets are reduced while the towers run (reduce/overlapped_reduction.hpp); else
+  // after them, every bucket at once.
+  static constexpr bool overlaps_reduction =
+      detail::reducer_reduces_variables<reducer_type, towers_type, Optim, master_type>::value;
 
   pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
            const pipeline_options& options = {})
@@ -106,8 +111,14 @@ class pipeline {
         options_, checked_steps(options_), towers,
         options_.processes ? detail::configuration_fingerprint<Optim, Layout>(Exec::name, *variables_, hyper_parameters_, towers, options_)
                            : std::vector<std::string>{});
+    const detail::bucket_plan buckets = detail::make_bucket_plan(*variables_, options_.buckets, sizeof(stored_type));
+    bucket_count_ = buckets.count();
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = make_reducer();
+    if constexpr (overlaps_reduction) {
+      overlap_ = std::make_unique<detail::overlapped_reduction>(*variables_, options_.buckets, towers, sizeof(stored_type));
+      towers_->set_ready_listener(overlap_.get());
+    }
     if (options_.trace != nullptr && across_processes())
       options_.trace->set_process(processes_->rank(), processes_->size(), processes_->global_tower(0));
   }
@@ -361,14 +372,40 @@ class pipeline {
     }
     std::vector<master_type> weights;
     for (double w : exact_weights) weights.push_back(static_cast<master_type>(w));
-    run_towers(fn, exact_weights, stats);
+    const auto constants = Optim::template constants<master_type>(hyper_parameters_, steps_done_ + 1);
+    stats.step = steps_done_ + 1;
+    stats.buckets = bucket_count_;
+    screen_pass screen;
+    if (checked_steps(options_)) {
+      stats.loss_scale = loss_scaler_.scale();
+      stats.micro_batch = window_.micro_batch();
+      screen.weights = loss_scaler_.unscaled(weights);
+      screen.window = window_.place<master_type>(stats.examples);
+    }
+    if constexpr (overlaps_reduction) begin_overlap(stats.step, weights, constants, screen);
+    try {
+      run_towers(fn, exact_weights, stats);
+    } catch (...) {
+      if constexpr (overlaps_reduction) abandon_overlap(stats.step);
+      throw;
+    }
     stats.stages.towers = seconds_since(start);
 
     const auto reduce_start = clock::now();
-    const auto constants = Optim::template constants<master_type>(hyper_parameters_, steps_done_ + 1);
-    stats.step = steps_done_ + 1;
     if (checked_steps(options_)) {
-      average_screen_and_apply(weights, constants, stats);
+      try {
+        if constexpr (overlaps_reduction) {
+          finish_overlap(stats);
+        } else {
+          screen.partials = reducer_->screen_average(*towers_, screen.weights, screen.window, stats.stages);
+        }
+      } catch (...) {
+        window_.reset();  // the running sum may be half written: the window starts again
+        throw;
+      }
+      judge_and_apply(screen, constants, stats);
+    } else if constexpr (overlaps_reduction) {
+      finish_overlap(stats);
     } else {
       reducer_->average_and_apply(*towers_, weights, constants, stats.stages);
     }
@@ -459,29 +496,72 @@ class pipeline {
     });
   }
 
-  // A checked step (programs/screen.hpp): average and screen; skip or throw on a non-finite average;
-  // clip; apply.
-  void average_screen_and_apply(const std::vector<master_type>& weights,
-                                const typename Optim::template step_constants<master_type>& constants, step_stats& stats) {
-    stats.loss_scale = loss_scaler_.scale();
-    stats.micro_batch = window_.micro_batch();
-    const detail::accumulation<master_type> window = window_.place<master_type>(stats.examples);
-    detail::screen_partials screen;
-    try {
-      screen = reducer_->screen_average(*towers_, loss_scaler_.unscaled(weights), window, stats.stages);
-    } catch (...) {
-      window_.reset();  // the running sum may be half written: the window starts again
-      throw;
-    }
-    if (!window.last) {
+  // A checked step's first pass (programs/screen.hpp) as it goes: the weights it averages with (the loss
+  // scale folded in), where the step stands in its accumulation window, and the screen's partials.
+  struct screen_pass {
+    std::vector<master_type> weights;
+    detail::accumulation<master_type> window;
+    detail::screen_partials partials;
+  };
+
+  // Before the towers run: how a part of this step over some variables is reduced, so that the buckets
+  // the towers mark ready go while they run (reduce/overlapped_reduction.hpp). A checked step screens its
+  // buckets then and applies after the verdict; only a window's first micro-batch does, because a later
+  // one adds into the running sum, which a tower failing after a bucket would leave half written.
+  void begin_overlap(std::int64_t step, const std::vector<master_type>& weights,
+                     const typename Optim::template step_constants<master_type>& constants, screen_pass& screen) {
+    const bool checked = checked_steps(options_);
+    if (checked) screen.partials = reducer_->empty_screen();
+    overlap_->begin_step(
+        [this, checked, step, &weights, &constants, &screen](const std::vector<std::size_t>& variables, bool on_pool) {
+          const auto reduce = [&](auto& runner) {
+            if (checked) reducer_->screen_variables(*towers_, variables, screen.weights, screen.window, screen.partials, runner);
+            else reducer_->average_and_apply_variables(*towers_, variables, weights, constants, runner);
+          };
+          if (on_pool) {
+            reduce(towers_->pool());
+          } else {
+            const auto begin = clock::now();
+            detail::calling_thread here;
+            reduce(here);
+            tracer_.span(checked ? "bucket: average + screen" : "bucket: average + apply", begin, clock::now(), step,
+                         "reduce (during towers)");
+          }
+        },
+        options_.overlap_reduction && (!checked || screen.window.first));
+  }
+  // After the towers: the buckets they left, and what the step hid behind them.
+  void finish_overlap(step_stats& stats) {
+    const auto start = clock::now();
+    const detail::overlapped_reduction::outcome outcome = overlap_->finish();
+    stats.stages.reduce = seconds_since(start);
+    stats.stages.reduce_during_towers = outcome.seconds_during_towers;
+    stats.buckets_during_towers = outcome.buckets_during_towers;
+  }
+  // A tower failed (its exception is being handled). A checked step's buckets only wrote the screen's
+  // buffer; an unchecked step's were applied, and the error says so.
+  void abandon_overlap(std::int64_t step) {
+    const std::size_t applied = overlap_->abandon();
+    if (applied == 0 || checked_steps(options_)) return;
+    detail::fail(detail::current_exception_text(), "; step ", step, " had applied ", applied, " of its ", bucket_count_,
+                 " gradient bucket(s) already (an unchecked step applies a bucket once every tower marked it ready): ",
+                 "their variables took this step's update, the others did not; checked steps (on_nonfinite = skip) change "
+                 "nothing when a tower fails");
+  }
+
+  // A checked step once its screen is in: accumulate, or skip or throw on a non-finite average, clip, apply.
+  void judge_and_apply(const screen_pass& screen, const typename Optim::template step_constants<master_type>& constants,
+                       step_stats& stats) {
+    if (!screen.window.last) {
       stats.accumulating = true;
-      window_.add(stats.examples, screen.first_nonfinite);
+      window_.add(stats.examples, screen.partials.first_nonfinite);
       return;
     }
-    const detail::nonfinite_key first_nonfinite = window_.first_nonfinite(screen.first_nonfinite);
+    const detail::nonfinite_key first_nonfinite = window_.first_nonfinite(screen.partials.first_nonfinite);
     window_.reset();
     loss_scaler_.update(first_nonfinite == detail::no_nonfinite);
-    const detail::checked_verdict verdict = detail::judge_checked_step(screen, first_nonfinite, options_, *variables_, stats.step);
+    const detail::checked_verdict verdict =
+        detail::judge_checked_step(screen.partials, first_nonfinite, options_, *variables_, stats.step);
     stats.gradient_norm = verdict.gradient_norm;
     stats.nonfinite = verdict.nonfinite;
     stats.skipped = !verdict.apply;
@@ -517,6 +597,8 @@ class pipeline {
   std::unique_ptr<towers_type> towers_;
   std::unique_ptr<detail::processes> processes_;  // the processes the towers span; this one alone without options.processes
   std::unique_ptr<reducer_type> reducer_;
+  std::size_t bucket_count_ = 1;
+  std::unique_ptr<detail::overlapped_reduction> overlap_;  // overlaps_reduction only
   std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
   std::int64_t steps_done_ = 0;
   detail::changes_since_step changes_;  // for the processes' agreement at the next step

@@ -63,6 +63,7 @@ class variable_set {
   // Sum of all variables' element counts.
   std::size_t total_size() const { return total_size_; }
 
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
   std::size_t index_of(const std::string& name) const {
     auto found = index_.find(name);
     if (found == index_.end()) detail::fail("no variable named '", name, "'");

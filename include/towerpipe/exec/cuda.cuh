@@ -69,6 +69,7 @@ class cuda_towers {
         poison_(options.poison_gradients),
         host_mirror_(variables),
         written_(towers, std::vector<char>(variables.count(), 0)),
+        ready_(towers, std::vector<char>(variables.count(), 0)),
         losses_(cuda_pinned_memory{}.allocate<float>(towers)) {
     for (std::size_t t = 0; t < towers; ++t) towers_.push_back(std::make_unique<tower>(variables, devices_[t], tracer_.on()));
   }
@@ -176,6 +177,7 @@ class cuda_towers {
     staged_.pop_front();
     last_slot_ = current.slot;
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
+    for (std::vector<char>& flags : ready_) std::fill(flags.begin(), flags.end(), 0);
     std::vector<double> losses(towers(), 0.0);
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t t) {
       tower& own = *towers_[t];
@@ -186,7 +188,8 @@ class cuda_towers {
       TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(own.device_loss.get(), 0, sizeof(float), own.stream.get()));
       if (poison_) poison_device_gradients(own.gradients, own.stream);
       context ctx(own.device, own.stream.get(), own.device_loss.get(), t, towers(), current.device_shards[t],
-                  current.shards[t].weight, &own.replica, &own.gradients, &written_[t]);
+                  current.shards[t].weight, &own.replica, &own.gradients, &written_[t], &ready_[t],
+                  nullptr);  // GPU towers' marks are checked; their buckets are reduced after run()
       // Recorded whatever the tower function does, so that later steps order after its work.
       const auto record_done = [&] {
         if (tracer_.on()) own.compute_end[0].record(own.stream);
@@ -270,6 +273,7 @@ class cuda_towers {
   host_buffer host_mirror_;
   std::vector<std::unique_ptr<tower>> towers_;
   std::vector<std::vector<char>> written_;
+  std::vector<std::vector<char>> ready_;  // [tower][variable]: marked by gradient_ready this step
   cuda_pinned_memory::owner<float> losses_;
   std::deque<staged_batch> staged_;
   int next_slot_ = 0;

@@ -9,13 +9,16 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "towerpipe/core/checksum.hpp"
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/gradient_poison.hpp"
 #include "towerpipe/core/host_memory.hpp"
@@ -51,7 +54,18 @@ class host_tower_context : public tower_context_base<host_tower_context<Layout>,
  private:
   friend base;
   friend class host_towers<Layout>;
-  using base::base;
+  template <class... BaseArguments>
+  explicit host_tower_context(std::vector<std::uint64_t>* ready_digests, BaseArguments&&... arguments)
+      : base(std::forward<BaseArguments>(arguments)...), ready_digests_(ready_digests) {}
+
+  // poison_gradients: the gradient's bits at the mark, to find writes through older views at return.
+  void note_ready(std::size_t index) {
+    if (ready_digests_ == nullptr) return;
+    const tensor_view<const value_type> g = this->gradients_view(index);
+    (*ready_digests_)[index] = fnv1a(g.data(), g.size() * sizeof(value_type));
+  }
+
+  std::vector<std::uint64_t>* ready_digests_;
 
   static void fill_zero(value_type* target, std::size_t count) { std::fill(target, target + count, value_type(0)); }
   static void copy_into(value_type* target, const value_type* source, std::size_t count) {
@@ -87,6 +101,21 @@ void check_host_gradients_written(const Buffer& gradients, const std::vector<cha
   }
 }
 
+// Throws if a gradient marked ready changed afterwards (poison_gradients: written through a view taken
+// before gradient_ready), naming the variable.
+template <class Buffer>
+void check_host_gradients_unchanged_after_ready(const Buffer& gradients, const std::vector<char>& ready,
+                                                const std::vector<std::uint64_t>& digests) {
+  using T = std::remove_const_t<std::remove_pointer_t<decltype(gradients.data(0))>>;
+  for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
+    if (!ready[v]) continue;
+    const auto view = gradients.view(v);
+    if (fnv1a(view.data(), view.size() * sizeof(T)) != digests[v])
+      fail("the gradient of variable '", gradients.variables()[v].name, "' changed after gradient_ready('",
+           gradients.variables()[v].name, "'): its bucket may have been reduced before the change");
+  }
+}
+
 // The towers of exec::host: a thread pool, the shared parameters and one gradient buffer per tower.
 // (The towers interface every execution space implements is written in exec/towers_contract.hpp.)
 template <class Layout>
@@ -101,7 +130,9 @@ class host_towers {
         tracer_(options.trace),
         poison_(options.poison_gradients),
         parameters_(variables),
-        written_(towers, std::vector<char>(variables.count(), 0)) {
+        written_(towers, std::vector<char>(variables.count(), 0)),
+        ready_(towers, std::vector<char>(variables.count(), 0)),
+        ready_digests_(poison_ ? towers : 0, std::vector<std::uint64_t>(variables.count(), 0)) {
     gradients_.reserve(towers);
     for (std::size_t i = 0; i < towers; ++i) gradients_.emplace_back(variables);
   }
@@ -117,6 +148,11 @@ class host_towers {
   void set_parameter(std::size_t index, const value_type* values) {
     std::copy(values, values + parameters_.view(index).size(), parameters_.data(index));
   }
+
+  // Where gradient_ready marks go (the overlapped reduction), or nowhere (null); and each tower's marks
+  // of the last run().
+  void set_ready_listener(tower_ready_listener* listener) { listener_ = listener; }
+  const std::vector<char>& ready(std::size_t tower) const { return ready_[tower]; }
 
   // Keeps the batch's shards for a later run(); host towers read the caller's memory in place, so it
   // must stay valid until that step.
@@ -144,14 +180,20 @@ class host_towers {
     staged_.pop_front();
     std::vector<double> losses(towers());
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
+    for (std::vector<char>& flags : ready_) std::fill(flags.begin(), flags.end(), 0);
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t tower) {
       if (poison_) poison_host_gradients(gradients_[tower]);
-      context ctx(tower, towers(), current.shards[tower], current.shard_weights[tower].weight, &parameters_,
-                  &gradients_[tower], &written_[tower]);
+      context ctx(poison_ ? &ready_digests_[tower] : nullptr, tower, towers(), current.shards[tower],
+                  current.shard_weights[tower].weight, &parameters_, &gradients_[tower], &written_[tower], &ready_[tower],
+                  listener_);
       const auto start = timeline::clock::now();
       losses[tower] = static_cast<double>(fn(ctx));
       tracer_.span("compute", start, timeline::clock::now(), step, "tower ", tower);
-      if (poison_) check_host_gradients_written(gradients_[tower], written_[tower]);
+      if (poison_) {
+        check_host_gradients_written(gradients_[tower], written_[tower]);
+        check_host_gradients_unchanged_after_ready(gradients_[tower], ready_[tower], ready_digests_[tower]);
+      }
+      if (listener_ != nullptr) listener_->tower_returned(tower, ready_[tower]);
     });
     throw_tower_failures(failures, written_, parameters_.variables());
     return losses;
@@ -169,6 +211,9 @@ class host_towers {
   buffer parameters_;
   std::vector<buffer> gradients_;
   std::vector<std::vector<char>> written_;  // [tower][variable]: gradient written this step
+  std::vector<std::vector<char>> ready_;    // [tower][variable]: marked by gradient_ready this step
+  std::vector<std::vector<std::uint64_t>> ready_digests_;  // poison_gradients: [tower][variable] bits at the mark
+  tower_ready_listener* listener_ = nullptr;
   std::deque<staged_batch> staged_;
 };
 

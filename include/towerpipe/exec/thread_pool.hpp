@@ -119,5 +119,21 @@ class thread_pool {
   std::atomic<std::size_t> next_task_{0};
 };
 
+// The thread_pool's run() on the calling thread alone: for work that must not take the pool's threads
+// (a bucket reduced while the towers run on them).
+struct calling_thread {
+  std::vector<std::exception_ptr> run(std::size_t tasks, const std::function<void(std::size_t)>& fn) const {
+    std::vector<std::exception_ptr> failures(tasks);
+    for (std::size_t task = 0; task < tasks; ++task) {
+      try {
+        fn(task);
+      } catch (...) {
+        failures[task] = std::current_exception();
+      }
+    }
+    return failures;
+  }
+};
+
 }  // namespace detail
 }  // namespace towerpipe

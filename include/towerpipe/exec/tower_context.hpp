@@ -17,6 +17,15 @@
 // by the library in general: pipeline_options::poison_gradients (a debug option) fills the buffers with a
 // signalling-NaN pattern before the tower runs and fails the step on any element that still holds it,
 // naming tower, variable and element.
+//
+// Marking gradients ready (overlap, step/buckets.hpp). gradient_ready(v) says that the tower is done with
+// variable v for this step: it will neither write its gradient nor read its parameter again, so the
+// pipeline may reduce v's bucket — and, in an unchecked step, update its parameters — while the tower's
+// backward pass goes on. Marking a variable before its gradient was written, marking it twice, or
+// writing its gradient or reading its parameter through the context after marking it is a
+// towerpipe::error naming tower and variable; a write through a view taken before the mark is found by
+// poison_gradients (host towers). A tower that marks nothing, or not everything, has the rest marked
+// when it returns: the unbucketed step.
 
 #include <cstddef>
 #include <string>
@@ -30,6 +39,18 @@
 
 namespace towerpipe {
 namespace detail {
+
+// Told of each gradient_ready mark, and of each tower function that returned without failing (with
+// the tower's marks: what it did not mark counts as marked now), on that tower's thread (the
+// overlapped reduction: reduce/overlapped_reduction.hpp).
+class tower_ready_listener {
+ public:
+  virtual void gradient_ready(std::size_t tower, std::size_t variable) = 0;
+  virtual void tower_returned(std::size_t tower, const std::vector<char>& ready) = 0;
+
+ protected:
+  ~tower_ready_listener() = default;
+};
 
 // The part of a tower context every execution space shares. Derived provides fill_zero(T*, count) and
 // copy_into(T* target, const T* source, count) in its own memory space.
@@ -49,6 +70,7 @@ class tower_context_base {
 
   tensor_view<const T> parameter(std::size_t index) const {
     variables().check_index(index);
+    if ((*ready_)[index]) fail_after_ready("read the parameter of", index);
     return parameters_->view(index);
   }
   tensor_view<const T> parameter(const std::string& name) const { return parameter(variables().index_of(name)); }
@@ -82,22 +104,48 @@ class tower_context_base {
     write_gradient(variables().index_of(name), values, count);
   }
 
+  // This step's gradient of the variable is final and its parameter no longer read (see the top).
+  void gradient_ready(std::size_t index) {
+    variables().check_index(index);
+    const variable& v = variables()[index];
+    if (!(*written_)[index])
+      fail("gradient_ready('", v.name, "') before its gradient was written (gradient(), zeroed_gradient() or write_gradient())");
+    if ((*ready_)[index]) fail("gradient_ready('", v.name, "') called twice in one step");
+    (*ready_)[index] = 1;
+    self().note_ready(index);
+    if (listener_ != nullptr) listener_->gradient_ready(tower_, index);
+  }
+  void gradient_ready(const std::string& name) { gradient_ready(variables().index_of(name)); }
+
  protected:
   tower_context_base(std::size_t tower, std::size_t towers, towerpipe::batch shard, double weight,
-                     const Buffer* parameters, Buffer* gradients, std::vector<char>* written)
+                     const Buffer* parameters, Buffer* gradients, std::vector<char>* written, std::vector<char>* ready,
+                     tower_ready_listener* listener)
       : tower_(tower),
         towers_(towers),
         shard_(std::move(shard)),
         weight_(weight),
         parameters_(parameters),
         gradients_(gradients),
-        written_(written) {}
+        written_(written),
+        ready_(ready),
+        listener_(listener) {}
+
+  // What an execution space does at a mark beyond the bookkeeping; nothing by default.
+  void note_ready(std::size_t) {}
+  tensor_view<const T> gradients_view(std::size_t index) const { return gradients_->view(index); }
 
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
   void mark_written(std::size_t index) {
     variables().check_index(index);
+    if ((*ready_)[index]) fail_after_ready("wrote the gradient of", index);
     (*written_)[index] = 1;
+  }
+  [[noreturn]] void fail_after_ready(const char* what, std::size_t index) const {
+    const variable& v = variables()[index];
+    fail(what, " variable '", v.name, "' after gradient_ready('", v.name,
+         "'): once marked, its bucket may be reduced (and in an unchecked step its parameters updated) at any time");
   }
 
   std::size_t tower_, towers_;
@@ -106,6 +154,8 @@ class tower_context_base {
   const Buffer* parameters_;
   Buffer* gradients_;
   std::vector<char>* written_;
+  std::vector<char>* ready_;
+  tower_ready_listener* listener_;
 };
 
 }  // namespace detail

@@ -164,6 +164,23 @@ class host_optimizer_pass {
       tiles += (v.size + screen_tile_elements - 1) / screen_tile_elements;
     }
     tile_count_ = tiles;
+    first_chunk_.assign(variables.count() + 1, chunks_.size());
+    for (std::size_t c = chunks_.size(); c-- > 0;) first_chunk_[static_cast<std::size_t>(chunks_[c].variable)] = c;
+    for (std::size_t v = variables.count(); v-- > 0;) first_chunk_[v] = std::min(first_chunk_[v], first_chunk_[v + 1]);
+  }
+
+  // The chunks of the table that `variables` cover (a bucket's, or several buckets'), each variable's in order.
+  std::vector<std::size_t> chunks_of(const std::vector<std::size_t>& variables) const {
+    std::vector<std::size_t> list;
+    for (std::size_t v : variables) {
+      for (std::size_t c = first_chunk_[v]; c < first_chunk_[v + 1]; ++c) list.push_back(c);
+    }
+    return list;
+  }
+  static std::vector<std::size_t> chunk_range(std::size_t first, std::size_t last) {
+    std::vector<std::size_t> list(last - first);
+    for (std::size_t c = first; c < last; ++c) list[c - first] = c;
+    return list;
   }
 
   // A checked step's average (programs/screen.hpp), where screen() leaves it.
@@ -177,15 +194,15 @@ class host_optimizer_pass {
     std::copy(values, values + state_[slot].view(index).size(), state_[slot].data(index));
   }
 
-  // For chunks [first, last): parameters = update(canonical_sum_t(weights[t] * gradients[t]), parameters,
-  // state), spread over the pool's threads; `replica`, where given, gets the new parameters rounded to
-  // the stored type (mixed precision).
-  template <class GradientBuffer, class ParameterBuffer, class ReplicaBuffer = ParameterBuffer>
-  void run(thread_pool& pool, std::size_t first, std::size_t last, const std::vector<const GradientBuffer*>& gradients,
+  // For the listed chunks: parameters = update(canonical_sum_t(weights[t] * gradients[t]), parameters,
+  // state), a task per chunk on `runner` (the thread pool, or calling_thread); `replica`, where given,
+  // gets the new parameters rounded to the stored type (mixed precision).
+  template <class Runner, class GradientBuffer, class ParameterBuffer, class ReplicaBuffer = ParameterBuffer>
+  void run(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
            ParameterBuffer& parameters, const std::vector<value_type>& weights, const constants_type& constants,
            ReplicaBuffer* replica = nullptr) {
-    std::vector<std::exception_ptr> failures = pool.run(last - first, [&](std::size_t c) {
-      const tensor_chunk& work = chunks_[first + c];
+    std::vector<std::exception_ptr> failures = runner.run(chunk_list.size(), [&](std::size_t c) {
+      const tensor_chunk& work = chunks_[chunk_list[c]];
       const std::size_t v = static_cast<std::size_t>(work.variable);
       std::vector<const value_type*> sources(gradients.size());
       for (std::size_t t = 0; t < sources.size(); ++t) sources[t] = gradients[t]->data(v);
@@ -204,15 +221,15 @@ class host_optimizer_pass {
     }
   }
 
-  // Pass 1 of a checked step for chunks [first, last): the canonical average into averaged() (with
+  // Pass 1 of a checked step for the listed chunks: the canonical average into averaged() (with
   // accumulation: the running sum), and partials.tile_sums / first_nonfinite for their tiles
   // (partials.tile_sums sized tile_count()).
-  template <class GradientBuffer>
-  void screen(thread_pool& pool, std::size_t first, std::size_t last, const std::vector<const GradientBuffer*>& gradients,
+  template <class Runner, class GradientBuffer>
+  void screen(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
               const std::vector<value_type>& weights, const accumulation<value_type>& step, screen_partials& partials) {
-    std::vector<nonfinite_key> first_in_chunk(last - first, no_nonfinite);
-    std::vector<std::exception_ptr> failures = pool.run(last - first, [&](std::size_t c) {
-      const tensor_chunk& work = chunks_[first + c];
+    std::vector<nonfinite_key> first_in_chunk(chunk_list.size(), no_nonfinite);
+    std::vector<std::exception_ptr> failures = runner.run(chunk_list.size(), [&](std::size_t c) {
+      const tensor_chunk& work = chunks_[chunk_list[c]];
       const std::size_t v = static_cast<std::size_t>(work.variable);
       std::vector<const stored_type*> sources(gradients.size());
       for (std::size_t t = 0; t < sources.size(); ++t) sources[t] = gradients[t]->data(v);
@@ -274,6 +291,7 @@ class host_optimizer_pass {
   std::vector<buffer> state_;  // one buffer per optimizer state slot
   buffer averaged_;            // a checked step's average
   std::vector<std::size_t> first_tile_;  // per variable: the index of its first screen tile
+  std::vector<std::size_t> first_chunk_;  // per variable: its first chunk in chunks_; [count]: chunks_.size()
   std::size_t tile_count_ = 0;
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
@@ -306,40 +324,67 @@ class host_reducer {
   // The fused pass over every chunk, in the towers' shared parameters: there is nothing to broadcast.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                          const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
-    if constexpr (mixed) {
-      fail("reduce::host: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
-    } else {
-      const auto start = std::chrono::steady_clock::now();
-      pass_.run(towers.pool(), 0, pass_.chunks().size(), gradient_buffers(towers), towers.shared_parameters(), weights,
-                constants);
-      stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
+    const auto start = std::chrono::steady_clock::now();
+    average_and_apply_chunks(towers, every_chunk(), weights, constants, towers.pool());
+    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   // A checked step (programs/screen.hpp): average and screen, then apply the average times `scale`.
   screen_partials screen_average(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                                  const accumulation<value_type>& step, stage_seconds& stages) {
     const auto start = std::chrono::steady_clock::now();
-    screen_partials partials;
-    partials.tile_sums.assign(pass_.tile_count(), 0.0);
-    pass_.screen(towers.pool(), 0, pass_.chunks().size(), gradient_buffers(towers), weights, step, partials);
+    screen_partials partials = empty_screen();
+    pass_.screen(towers.pool(), every_chunk(), gradient_buffers(towers), weights, step, partials);
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return partials;
   }
+
+  // The same passes over some variables only — a gradient bucket, or the buckets left when the towers
+  // return (reduce/overlapped_reduction.hpp) — on `runner`: the thread pool, or calling_thread.
+  template <class Runner>
+  void average_and_apply_variables(host_towers<Layout>& towers, const std::vector<std::size_t>& variables,
+                                   const std::vector<value_type>& weights,
+                                   const typename Optim::template step_constants<value_type>& constants, Runner& runner) {
+    average_and_apply_chunks(towers, pass_.chunks_of(variables), weights, constants, runner);
+  }
+  screen_partials empty_screen() const {
+    screen_partials partials;
+    partials.tile_sums.assign(pass_.tile_count(), 0.0);
+    return partials;
+  }
+  template <class Runner>
+  void screen_variables(host_towers<Layout>& towers, const std::vector<std::size_t>& variables,
+                        const std::vector<value_type>& weights, const accumulation<value_type>& step, screen_partials& partials,
+                        Runner& runner) {
+    pass_.screen(runner, pass_.chunks_of(variables), gradient_buffers(towers), weights, step, partials);
+  }
+
   void apply_averaged(host_towers<Layout>& towers, value_type scale,
                       const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
     const auto start = std::chrono::steady_clock::now();
     const std::vector<const buffer*> average{&pass_.averaged()};
     if constexpr (mixed) {
-      pass_.run(towers.pool(), 0, pass_.chunks().size(), average, master_, std::vector<value_type>{scale}, constants,
+      pass_.run(towers.pool(), every_chunk(), average, master_, std::vector<value_type>{scale}, constants,
                 &towers.shared_parameters());
     } else {
-      pass_.run(towers.pool(), 0, pass_.chunks().size(), average, towers.shared_parameters(),
-                std::vector<value_type>{scale}, constants);
+      pass_.run(towers.pool(), every_chunk(), average, towers.shared_parameters(), std::vector<value_type>{scale}, constants);
     }
     stages.reduce += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
+  std::vector<std::size_t> every_chunk() const { return pass_.chunk_range(0, pass_.chunks().size()); }
+
+  template <class Runner>
+  void average_and_apply_chunks(host_towers<Layout>& towers, const std::vector<std::size_t>& chunks,
+                                const std::vector<value_type>& weights,
+                                const typename Optim::template step_constants<value_type>& constants, Runner& runner) {
+    if constexpr (mixed) {
+      fail("reduce::host: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
+    } else {
+      pass_.run(runner, chunks, gradient_buffers(towers), towers.shared_parameters(), weights, constants);
+    }
+  }
+
   static std::vector<const tower_buffer*> gradient_buffers(host_towers<Layout>& towers) {
     std::vector<const tower_buffer*> gradients;
     for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));

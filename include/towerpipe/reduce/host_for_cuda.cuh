@@ -77,7 +77,7 @@ class cuda_host_reducer {
     const std::vector<const pinned_buffer*> gradients = tower_gradients();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       wait_for_group(g);
-      pass_.run(towers.pool(), groups_[g].first, groups_[g].last, gradients, master_, weights, constants);
+      pass_.run(towers.pool(), pass_.chunk_range(groups_[g].first, groups_[g].last), gradients, master_, weights, constants);
       upload_group(towers, g);
     }
     finish_uploads(towers, start, stages);
@@ -95,7 +95,7 @@ class cuda_host_reducer {
     partials.tile_sums.assign(pass_.tile_count(), 0.0);
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       wait_for_group(g);
-      pass_.screen(towers.pool(), groups_[g].first, groups_[g].last, gradients, weights, step, partials);
+      pass_.screen(towers.pool(), pass_.chunk_range(groups_[g].first, groups_[g].last), gradients, weights, step, partials);
     }
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return partials;
@@ -108,7 +108,7 @@ class cuda_host_reducer {
     const double screened = stages.reduce;
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      pass_.run(towers.pool(), groups_[g].first, groups_[g].last, std::vector<const buffer*>{&pass_.averaged()}, master_,
+      pass_.run(towers.pool(), pass_.chunk_range(groups_[g].first, groups_[g].last), std::vector<const buffer*>{&pass_.averaged()}, master_,
                 std::vector<T>{scale}, constants);
       upload_group(towers, g);
     }

@@ -32,6 +32,14 @@
 //                                                       reducers that keep a master copy of their own
 //   std::vector<std::size_t> state_bytes_per_tower(towers) const   for reducers that spread the optimizer
 //                                                       state over the towers' devices (reduce::sharded)
+//   screen_partials empty_screen() const, and for Runner = thread_pool and calling_thread:
+//   void screen_variables(towers&, const std::vector<std::size_t>& variables, weights, accumulation,
+//                         screen_partials&, Runner&)
+//   void average_and_apply_variables(towers&, variables, weights, constants, Runner&)
+//                                                       the passes over some variables only, on `runner`:
+//                                                       such a reducer takes gradient buckets while the
+//                                                       towers run (reduce/overlapped_reduction.hpp);
+//                                                       the others reduce every bucket after them
 
 #include <cstddef>
 #include <type_traits>
@@ -39,6 +47,7 @@
 #include <vector>
 
 #include "towerpipe/core/tensor_view.hpp"
+#include "towerpipe/exec/thread_pool.hpp"
 #include "towerpipe/exec/towers_contract.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/programs/screen.hpp"
@@ -79,6 +88,19 @@ TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std:
 TOWERPIPE_DETECT_MEMBER(reducer_has_master_on_host, std::declval<T&>().master_on_host(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_spreads_state, std::declval<const T&>().state_bytes_per_tower(std::size_t{}));
+
+template <class Reducer, class Towers, class Optim, class T, class = void>
+struct reducer_reduces_variables : std::false_type {};
+template <class Reducer, class Towers, class Optim, class T>
+struct reducer_reduces_variables<
+    Reducer, Towers, Optim, T,
+    std::void_t<decltype(std::declval<Reducer&>().screen_variables(
+                    std::declval<Towers&>(), std::declval<const std::vector<std::size_t>&>(), std::declval<const std::vector<T>&>(),
+                    std::declval<const accumulation<T>&>(), std::declval<screen_partials&>(), std::declval<calling_thread&>())),
+                decltype(std::declval<Reducer&>().average_and_apply_variables(
+                    std::declval<Towers&>(), std::declval<const std::vector<std::size_t>&>(), std::declval<const std::vector<T>&>(),
+                    std::declval<const typename Optim::template step_constants<T>&>(), std::declval<calling_thread&>())),
+                decltype(std::declval<const Reducer&>().empty_screen())>> : std::true_type {};
 
 template <class Reducer, class Towers, class Optim>
 using reducer_spans_processes = std::is_constructible<Reducer, const variable_set&, const typename Optim::hyper_parameters&, Towers&,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "towerpipe/comm/process_group.hpp"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/split.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
@@ -66,6 +67,14 @@ struct pipeline_options {
   // added up micro-batch by micro-batch in the screen's buffer (a checked step). Equal to one step on
   // the concatenated batch up to rounding; bitwise the plain step for 1.
   std::size_t accumulation_steps = 1;
+
+  // Gradient buckets (step/buckets.hpp): which variables are reduced together once every tower has
+  // marked them ready (tower_context::gradient_ready). By default reverse declaration order, at most
+  // 25 MiB of gradient a bucket. Results are bitwise the same for every choice.
+  gradient_buckets buckets;
+  // Whether a bucket is reduced while the towers still run (reduce::host with host towers; the other
+  // backends reduce after the towers), or every bucket after them. false changes no result.
+  bool overlap_reduction = true;
 
   // reduce::sharded: the processes the towers span (comm/mpi.hpp: mpi_process_group; for GPU towers also
   // comm/nccl.cuh: nccl_process_group), each running one pipeline with the same number of towers; empty:

@@ -20,6 +20,9 @@ struct stage_seconds {
   double reduce = 0;     // average + optimizer (fused with the broadcast for device0)
   double broadcast = 0;  // new parameters to the towers' replicas: p2p_tree's pulls down the tree, reduce::host's
                          // uploads; none for device0 (fused) and exec::host (shared parameters)
+  // Gradient buckets reduced while the towers ran (tower_context::gradient_ready): the worker's seconds
+  // on them, hidden behind the towers (not in `reduce`, which counts only what came after them).
+  double reduce_during_towers = 0;
 };
 
 // The first non-finite value of a step's averaged gradient, in (variable, element) order.
@@ -41,6 +44,8 @@ struct step_stats {
   double seconds = 0;
   double examples_per_second = 0;
   stage_seconds stages;
+  std::size_t buckets = 1;                // gradient buckets of the step (pipeline_options::buckets)
+  std::size_t buckets_during_towers = 0;  // of them, reduced while the towers ran
 
   // Checked steps (pipeline_options::on_nonfinite, max_grad_norm):
   bool skipped = false;                         // a non-finite gradient: nothing was updated

@@ -1,0 +1,102 @@
+#pragma once
+// The overlapped reduction: each gradient bucket (step/buckets.hpp) reduced as soon as every tower has
+// marked it ready (tower_context::gradient_ready), on a thread of its own (exec/background_worker.hpp)
+// while the towers' backward passes go on; what is left when the towers return — the buckets completed
+// only by their return, or every bucket of towers that mark nothing — is reduced on the thread pool, as
+// the unbucketed step is. A bucket's reduction is a part of the step over its variables: in a checked
+// step the average and screen (the apply follows the verdict, after the towers), in an unchecked one
+// the average, the optimizer and the new parameters. Bitwise the unbucketed step whatever the buckets
+// (step/buckets.hpp says why).
+//
+// Taken by reducers that reduce any set of variables (reduce/reducer_contract.hpp: screen_variables,
+// average_and_apply_variables); the pipeline drives it.
+
+#include <cstddef>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/exec/background_worker.hpp"
+#include "towerpipe/exec/tower_context.hpp"
+#include "towerpipe/step/buckets.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+class overlapped_reduction final : public tower_ready_listener {
+ public:
+  // A part of the step over `variables`; on_pool: on the towers' thread pool (after the towers), else on
+  // the calling thread (the worker, while they run).
+  using part = std::function<void(const std::vector<std::size_t>& variables, bool on_pool)>;
+
+  // `element_bytes`: a gradient element as the towers hold it (for the buckets' byte cap).
+  overlapped_reduction(const variable_set& variables, const gradient_buckets& buckets, std::size_t towers,
+                       std::size_t element_bytes)
+      : plan_(make_bucket_plan(variables, buckets, element_bytes)), readiness_(plan_, towers) {}
+
+  const bucket_plan& plan() const { return plan_; }
+
+  // Before the towers run: what reduces a part of this step, and whether buckets may be reduced while
+  // they run (else every bucket waits for finish()).
+  void begin_step(part reduce, bool during_towers) {
+    readiness_.reset();
+    reduced_.assign(plan_.count(), 0);
+    reduce_ = std::move(reduce);
+    during_towers_ = during_towers;
+  }
+
+  void gradient_ready(std::size_t tower, std::size_t variable) override {
+    const std::size_t bucket = readiness_.mark(tower, variable);
+    if (bucket == no_bucket || !during_towers_) return;
+    worker_.post([this, bucket] {
+      reduce_(plan_.buckets[bucket], false);
+      reduced_[bucket] = 1;
+    });
+  }
+  // What the tower left unmarked counts as marked; a bucket it completes waits for finish().
+  void tower_returned(std::size_t tower, const std::vector<char>& ready) override {
+    for (std::size_t v = 0; v < ready.size(); ++v) {
+      if (!ready[v]) readiness_.mark(tower, v);
+    }
+  }
+
+  struct outcome {
+    std::size_t buckets_during_towers = 0;  // reduced while the towers ran
+    double seconds_during_towers = 0;       // the worker's time on them
+  };
+  // After every tower returned: waits for the buckets in flight, then reduces the others on the pool.
+  outcome finish() {
+    outcome result;
+    result.seconds_during_towers = worker_.drain();
+    std::vector<std::size_t> rest;
+    for (std::size_t b = 0; b < plan_.count(); ++b) {
+      if (reduced_[b]) ++result.buckets_during_towers;
+      else rest.insert(rest.end(), plan_.buckets[b].begin(), plan_.buckets[b].end());
+    }
+    if (!rest.empty()) reduce_(rest, true);
+    return result;
+  }
+  // After a tower failed: waits for the buckets in flight (a failure among them is dropped: the step
+  // fails with the tower's) and returns how many were reduced.
+  std::size_t abandon() {
+    try {
+      worker_.drain();
+    } catch (...) {
+    }
+    std::size_t reduced = 0;
+    for (char done : reduced_) reduced += done != 0;
+    return reduced;
+  }
+
+ private:
+  bucket_plan plan_;
+  bucket_readiness readiness_;  // refers to plan_
+  part reduce_;
+  bool during_towers_ = false;
+  std::vector<char> reduced_;  // [bucket]: reduced by the worker this step (written there, read after a drain)
+  background_worker worker_;   // last: joined before the rest goes
+};
+
+}  // namespace detail
+}  // namespace towerpipe

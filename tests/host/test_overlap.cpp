@@ -1,0 +1,376 @@
+// Overlapping the reduction with the towers' backward pass (step/buckets.hpp, reduce/overlapped_reduction.hpp):
+// the bucket plan against hand-derived cases, the readiness count, the marking contract's errors, and
+// the guarantee — a step whose towers mark their gradients ready bucket by bucket ends bitwise where the
+// unbucketed step does, for every bucket size, optimizer, layout, precision and checked or unchecked
+// step — and what a tower failing after a bucket went leaves behind.
+#include <towerpipe/towerpipe.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <cmath>
+#include <stdexcept>
+#include <thread>
+
+#include "test_support.hpp"
+
+using namespace towerpipe;
+using towerpipe_tests::first_bitwise_difference;
+
+namespace {
+
+using detail::bucket_plan;
+using detail::make_bucket_plan;
+
+const variable_set plan_variables{{"a", {10}}, {"b", {20}}, {"c", {5}}, {"d", {100}}};
+
+TEST_CASE("the default bucket plan cuts the reversed variables greedily at the byte cap", "[overlap][buckets]") {
+  // float gradients: a 40 B, b 80 B, c 20 B, d 400 B. Reversed: d (400 > 100: alone), c + b (100), a.
+  gradient_buckets options;
+  options.cap_bytes = 100;
+  const bucket_plan plan = make_bucket_plan(plan_variables, options, sizeof(float));
+  REQUIRE(plan.buckets == std::vector<std::vector<std::size_t>>{{3}, {2, 1}, {0}});
+  REQUIRE(plan.bucket_of == std::vector<std::size_t>{2, 1, 1, 0});
+
+  options.cap_bytes = 1;  // one variable a bucket
+  REQUIRE(make_bucket_plan(plan_variables, options, sizeof(float)).buckets ==
+          std::vector<std::vector<std::size_t>>{{3}, {2}, {1}, {0}});
+  options.cap_bytes = 540;  // everything fits: 540 B in all
+  REQUIRE(make_bucket_plan(plan_variables, options, sizeof(float)).buckets ==
+          std::vector<std::vector<std::size_t>>{{3, 2, 1, 0}});
+  options.cap_bytes = 539;
+  REQUIRE(make_bucket_plan(plan_variables, options, sizeof(float)).buckets ==
+          std::vector<std::vector<std::size_t>>{{3, 2, 1}, {0}});
+  // 16-bit gradients halve the bytes: d 200 B, c + b + a 70 B.
+  options.cap_bytes = 200;
+  REQUIRE(make_bucket_plan(plan_variables, options, 2).buckets == std::vector<std::vector<std::size_t>>{{3}, {2, 1, 0}});
+}
+
+TEST_CASE("explicit bucket groups are taken as given, and bad groups are refused naming the variable", "[overlap][buckets]") {
+  gradient_buckets options;
+  options.groups = {{"b", "d"}, {"a"}, {"c"}};
+  const bucket_plan plan = make_bucket_plan(plan_variables, options, sizeof(float));
+  REQUIRE(plan.buckets == std::vector<std::vector<std::size_t>>{{1, 3}, {0}, {2}});
+  REQUIRE(plan.bucket_of == std::vector<std::size_t>{1, 0, 2, 0});
+
+  options.groups = {{"b", "d"}, {"a", "zz"}, {"c"}};
+  CHECK_THROWS_WITH(make_bucket_plan(plan_variables, options, 4), Catch::Contains("groups[1] names 'zz'"));
+  options.groups = {{"b", "d"}, {"a", "b"}, {"c"}};
+  CHECK_THROWS_WITH(make_bucket_plan(plan_variables, options, 4),
+                    Catch::Contains("groups[1] names 'b', which groups[0] holds already"));
+  options.groups = {{"b", "d"}, {"a"}};
+  CHECK_THROWS_WITH(make_bucket_plan(plan_variables, options, 4), Catch::Contains("leave out variable 'c'"));
+  options.groups = {{"b", "d", "a", "c"}, {}};
+  CHECK_THROWS_WITH(make_bucket_plan(plan_variables, options, 4), Catch::Contains("groups[1] is empty"));
+  options.groups.clear();
+  options.cap_bytes = 0;
+  CHECK_THROWS_WITH(make_bucket_plan(plan_variables, options, 4), Catch::Contains("cap_bytes must be positive"));
+
+  // The pipeline refuses them at construction, whatever the backend.
+  pipeline_options bad;
+  bad.buckets.groups = {{"w"}};
+  using trainer = pipeline<exec::host, reduce::sharded, optim::sgd, layout::flat<float>>;
+  CHECK_THROWS_WITH(trainer({{"w", {3}}, {"b", {1}}}, {{"x", dtype::float32, {1}}}, 2, optim::sgd::hyper_parameters{}, bad),
+                    Catch::Contains("leave out variable 'b'"));
+}
+
+TEST_CASE("a bucket is ready at the mark that completes it for the last tower, once", "[overlap][buckets]") {
+  gradient_buckets options;
+  options.cap_bytes = 100;
+  const bucket_plan plan = make_bucket_plan(plan_variables, options, sizeof(float));  // {d}, {c, b}, {a}
+  detail::bucket_readiness readiness(plan, 2);
+  REQUIRE(readiness.mark(0, 3) == detail::no_bucket);  // tower 1 has not marked d
+  REQUIRE(readiness.mark(1, 2) == detail::no_bucket);  // c, but not b
+  REQUIRE(readiness.mark(1, 3) == 0);                   // d: both towers now
+  REQUIRE(readiness.mark(0, 1) == detail::no_bucket);
+  REQUIRE(readiness.mark(1, 1) == detail::no_bucket);  // tower 1 completes {c, b}; tower 0 lacks c
+  REQUIRE(readiness.mark(0, 2) == 1);
+  REQUIRE(readiness.mark(1, 0) == detail::no_bucket);
+  REQUIRE(readiness.mark(0, 0) == 2);
+  readiness.reset();
+  REQUIRE(readiness.mark(0, 3) == detail::no_bucket);
+  REQUIRE(readiness.mark(1, 3) == 0);
+}
+
+// A small model whose trajectory depends on its parameters: a big variable of several host chunks, and
+// small ones.
+const variable_set model{{"embed", {300, 250}}, {"w1", {64, 33}}, {"b1", {64}}, {"w2", {10, 64}}, {"b2", {10}}};
+const std::vector<input_spec> model_inputs{{"x", dtype::float32, {1}}};
+
+// The gradient of element k: a pull towards zero plus a tower- and step-dependent wave.
+float gradient_value(float parameter, std::size_t k, std::size_t tower, std::int64_t step, float x) {
+  return 0.01f * parameter + 0.001f * x * std::sin(0.37f * static_cast<float>(k) + 1.3f * static_cast<float>(tower) +
+                                                  0.7f * static_cast<float>(step));
+}
+
+// Runs `steps` steps. marking: the towers mark each variable ready right after writing it, last variable
+// first (as a backward pass goes), and let time pass so that the buckets are reduced while they run.
+template <class Trainer>
+void train(Trainer& p, int steps, bool marking) {
+  using stored = typename Trainer::stored_type;
+  const std::vector<float> x{1.0f, 0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.5f};
+  batch b;
+  b.add("x", x, {1});
+  for (int s = 0; s < steps; ++s) {
+    const std::int64_t step = p.steps_done() + 1;
+    const step_stats stats = p.step(b, [&](typename Trainer::tower_context& tower) {
+      const float first_x = tower.template input<float>("x")(0, 0);
+      for (std::size_t v = tower.variables().count(); v-- > 0;) {
+        const auto parameter = tower.parameter(v);
+        const auto gradient = tower.gradient(v);
+        for (std::size_t k = 0; k < gradient.size(); ++k)
+          gradient[k] = stored(gradient_value(static_cast<float>(parameter[k]), k, tower.tower(), step, first_x));
+        if (marking) {
+          tower.gradient_ready(v);
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
+      return 0.0;
+    });
+    const bool overlapping = marking && p.options().overlap_reduction &&
+                             (p.options().accumulation_steps == 1 || stats.micro_batch == 1);
+    REQUIRE(stats.buckets_during_towers == (overlapping ? stats.buckets : 0));
+  }
+}
+
+template <class Trainer>
+std::unique_ptr<Trainer> make_trainer(std::size_t towers, const typename Trainer::hyper_parameters& h,
+                                      const pipeline_options& options) {
+  auto p = std::make_unique<Trainer>(model, model_inputs, towers, h, options);
+  std::uint64_t seed = 5;
+  p->initialize([&](const variable&, tensor_view<float> values) {
+    for (float& value : values) {
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      value = static_cast<float>(seed >> 40) / static_cast<float>(1ULL << 24) - 0.5f;
+    }
+  });
+  return p;
+}
+
+template <class Trainer>
+void require_bitwise_equal(const Trainer& a, const Trainer& b) {
+  REQUIRE(a.steps_done() == b.steps_done());
+  for (std::size_t v = 0; v < model.count(); ++v) {
+    INFO("variable " << model[v].name);
+    REQUIRE(first_bitwise_difference(a.parameter(v), b.parameter(v)) == -1);
+    for (std::size_t slot = 0; slot < a.optimizer_state_slots(); ++slot)
+      REQUIRE(first_bitwise_difference(a.optimizer_state(slot, v), b.optimizer_state(slot, v)) == -1);
+  }
+}
+
+// Marked and bucketed (one variable a bucket, a few, one bucket; and overlap switched off) against the
+// unbucketed step of towers that mark nothing.
+template <class Trainer>
+void check_buckets_change_no_bit(const typename Trainer::hyper_parameters& h, pipeline_options options, int steps = 4) {
+  const auto reference = make_trainer<Trainer>(3, h, options);
+  train(*reference, steps, false);
+  for (const std::size_t cap : {std::size_t(1), std::size_t(9000), std::size_t(1) << 30}) {
+    for (const bool overlap : {true, false}) {
+      INFO("cap_bytes " << cap << ", overlap_reduction " << overlap);
+      options.buckets.cap_bytes = cap;
+      options.overlap_reduction = overlap;
+      const auto marked = make_trainer<Trainer>(3, h, options);
+      train(*marked, steps, true);
+      require_bitwise_equal(*marked, *reference);
+    }
+  }
+  options.buckets.groups = {{"w1", "b2"}, {"embed"}, {"b1", "w2"}};  // explicit, out of order
+  options.overlap_reduction = true;
+  const auto grouped = make_trainer<Trainer>(3, h, options);
+  train(*grouped, steps, true);
+  require_bitwise_equal(*grouped, *reference);
+}
+
+pipeline_options unchecked() {
+  pipeline_options options;
+  options.on_nonfinite = nonfinite_policy::unchecked;
+  return options;
+}
+
+template <class Layout>
+using adam_trainer = pipeline<exec::host, reduce::host, optim::adam, Layout>;
+
+TEMPLATE_TEST_CASE("buckets reduced during the towers change no bit: checked and unchecked, both layouts", "[overlap]",
+                   layout::flat<float>, layout::per_variable<float>) {
+  check_buckets_change_no_bit<adam_trainer<TestType>>(optim::adam::hyper_parameters{}, {});
+  check_buckets_change_no_bit<adam_trainer<TestType>>(optim::adam::hyper_parameters{}, unchecked());
+}
+
+TEST_CASE("buckets change no bit for SGD with momentum and AdamW", "[overlap]") {
+  optim::sgd::hyper_parameters sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  sgd.nesterov = true;
+  check_buckets_change_no_bit<pipeline<exec::host, reduce::host, optim::sgd, layout::flat<float>>>(sgd, unchecked());
+  optim::adamw::hyper_parameters adamw;
+  adamw.weight_decay = 0.05;
+  check_buckets_change_no_bit<pipeline<exec::host, reduce::host, optim::adamw, layout::flat<float>>>(adamw, {});
+}
+
+TEST_CASE("buckets change no bit with clipping, loss scaling, accumulation and 16-bit towers", "[overlap]") {
+  pipeline_options clipped;
+  clipped.max_grad_norm = 0.05;  // below the gradients' norm: every step clips
+  check_buckets_change_no_bit<adam_trainer<layout::flat<float>>>(optim::adam::hyper_parameters{}, clipped);
+  pipeline_options scaled;
+  scaled.loss_scale.mode = loss_scale_mode::dynamic;
+  check_buckets_change_no_bit<adam_trainer<layout::flat<float>>>(optim::adam::hyper_parameters{}, scaled);
+  pipeline_options accumulating;
+  accumulating.accumulation_steps = 2;  // the second micro-batch reduces after the towers
+  check_buckets_change_no_bit<adam_trainer<layout::flat<float>>>(optim::adam::hyper_parameters{}, accumulating, 6);
+  check_buckets_change_no_bit<adam_trainer<layout::flat<bfloat16>>>(optim::adam::hyper_parameters{}, {});
+  check_buckets_change_no_bit<adam_trainer<layout::per_variable<float16>>>(optim::adam::hyper_parameters{}, {});
+}
+
+using small_trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<float>>;
+const variable_set small_model{{"w", {4, 3}}, {"b", {4}}};
+
+std::unique_ptr<small_trainer> make_small(const pipeline_options& options = {}) {
+  auto p = std::make_unique<small_trainer>(small_model, model_inputs, 2, optim::adam::hyper_parameters{}, options);
+  const std::vector<float> w{0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f, 0.7f, -0.8f, 0.9f, 1.0f, 1.1f, -1.2f};
+  p->set_parameter("w", w.data(), w.size());
+  return p;
+}
+
+step_stats small_step(small_trainer& p, const std::function<void(small_trainer::tower_context&)>& tower_fn) {
+  const std::vector<float> x{1.0f, 2.0f, 3.0f, 4.0f};
+  batch b;
+  b.add("x", x, {1});
+  return p.step(b, [&](small_trainer::tower_context& tower) {
+    tower_fn(tower);
+    return 0.0;
+  });
+}
+
+void write_all(small_trainer::tower_context& tower) {
+  for (std::size_t v = 0; v < tower.variables().count(); ++v) {
+    for (float& g : tower.gradient(v)) g = 0.5f;
+  }
+}
+
+std::vector<std::vector<float>> parameters_and_state(const small_trainer& p) {
+  std::vector<std::vector<float>> all;
+  for (std::size_t v = 0; v < small_model.count(); ++v) {
+    all.emplace_back(p.parameter(v).begin(), p.parameter(v).end());
+    for (std::size_t slot = 0; slot < p.optimizer_state_slots(); ++slot)
+      all.emplace_back(p.optimizer_state(slot, v).begin(), p.optimizer_state(slot, v).end());
+  }
+  return all;
+}
+
+TEST_CASE("marking breaks of the contract fail the step naming tower and variable, and change nothing", "[overlap][errors]") {
+  const auto holder = make_small();
+  small_trainer& p = *holder;
+  small_step(p, write_all);
+  const auto before = parameters_and_state(p);
+  CHECK_THROWS_WITH(small_step(p, [](small_trainer::tower_context& tower) { tower.gradient_ready("b"); }),
+                    Catch::Contains("tower 0: gradient_ready('b') before its gradient was written"));
+  CHECK_THROWS_WITH(small_step(p,
+                               [](small_trainer::tower_context& tower) {
+                                 write_all(tower);
+                                 tower.gradient_ready("w");
+                                 if (tower.tower() == 1) tower.gradient_ready("w");
+                               }),
+                    Catch::Contains("tower 1: gradient_ready('w') called twice in one step"));
+  CHECK_THROWS_WITH(small_step(p,
+                               [](small_trainer::tower_context& tower) {
+                                 write_all(tower);
+                                 tower.gradient_ready("b");
+                                 if (tower.tower() == 1) tower.gradient("b");
+                               }),
+                    Catch::Contains("tower 1: wrote the gradient of variable 'b' after gradient_ready('b')"));
+  CHECK_THROWS_WITH(small_step(p,
+                               [](small_trainer::tower_context& tower) {
+                                 write_all(tower);
+                                 tower.gradient_ready(std::size_t{0});
+                                 tower.parameter("w");
+                               }),
+                    Catch::Contains("tower 0: read the parameter of variable 'w' after gradient_ready('w')"));
+  CHECK_THROWS_WITH(small_step(p, [](small_trainer::tower_context& tower) { tower.gradient_ready(7); }),
+                    Catch::Contains("variable index 7 is out of range"));
+  REQUIRE(parameters_and_state(p) == before);
+  REQUIRE(p.steps_done() == 1);
+}
+
+TEST_CASE("poison_gradients finds a gradient changed through an older view after its mark", "[overlap][errors]") {
+  pipeline_options options;
+  options.poison_gradients = true;
+  const auto holder = make_small(options);
+  small_trainer& p = *holder;
+  small_step(p, write_all);
+  const auto before = parameters_and_state(p);
+  CHECK_THROWS_WITH(small_step(p,
+                               [](small_trainer::tower_context& tower) {
+                                 const tensor_view<float> w = tower.gradient("w");
+                                 write_all(tower);
+                                 tower.gradient_ready("w");
+                                 if (tower.tower() == 1) w[5] = 2.0f;
+                               }),
+                    Catch::Contains("tower 1: the gradient of variable 'w' changed after gradient_ready('w')"));
+  REQUIRE(parameters_and_state(p) == before);
+  small_step(p, [](small_trainer::tower_context& tower) {  // a good step with marks passes the check
+    write_all(tower);
+    tower.gradient_ready("w");
+  });
+  REQUIRE(p.steps_done() == 2);
+}
+
+// Both towers mark w (a bucket of its own with a cap of one byte), then tower 1 throws before b.
+void fail_after_first_bucket(small_trainer::tower_context& tower) {
+  write_all(tower);
+  tower.gradient_ready("b");
+  if (tower.tower() == 1) throw std::runtime_error("out of memory in layer 0");
+  tower.gradient_ready("w");
+}
+
+TEST_CASE("a tower failing after a bucket went: a checked step changes nothing, an unchecked one says what it applied",
+          "[overlap][errors]") {
+  pipeline_options options;
+  options.buckets.cap_bytes = 1;  // buckets {b}, {w}
+  const auto checked_holder = make_small(options);
+  small_trainer& checked = *checked_holder;
+  small_step(checked, write_all);
+  const auto before = parameters_and_state(checked);
+  CHECK_THROWS_WITH(small_step(checked, fail_after_first_bucket), Catch::Contains("tower 1 threw: out of memory in layer 0") &&
+                                                                      !Catch::Contains("had applied"));
+  REQUIRE(parameters_and_state(checked) == before);
+  REQUIRE(checked.steps_done() == 1);
+
+  options.on_nonfinite = nonfinite_policy::unchecked;
+  const auto fused_holder = make_small(options);
+  small_trainer& fused = *fused_holder;
+  small_step(fused, write_all);
+  const auto fused_before = parameters_and_state(fused);
+  CHECK_THROWS_WITH(small_step(fused, fail_after_first_bucket),
+                    Catch::Contains("tower 1 threw: out of memory in layer 0") &&
+                        Catch::Contains("step 2 had applied 1 of its 2 gradient bucket(s) already"));
+  const auto after = parameters_and_state(fused);
+  REQUIRE(after[0] == fused_before[0]);  // w: its bucket never went
+  REQUIRE(after[3] != fused_before[3]);  // b took the update
+  REQUIRE(fused.steps_done() == 1);
+  small_step(fused, write_all);  // and the pipeline goes on
+  REQUIRE(fused.steps_done() == 2);
+}
+
+TEST_CASE("towers that mark nothing, or only part, reduce the rest after returning", "[overlap]") {
+  pipeline_options options;
+  options.buckets.cap_bytes = 1;
+  const auto holder = make_small(options);
+  small_trainer& p = *holder;
+  const step_stats none = small_step(p, write_all);
+  REQUIRE(none.buckets == 2);
+  REQUIRE(none.buckets_during_towers == 0);
+  const step_stats part = small_step(p, [](small_trainer::tower_context& tower) {
+    write_all(tower);
+    tower.gradient_ready("b");  // w is marked at return
+  });
+  REQUIRE(part.buckets_during_towers == 1);
+  const step_stats one_tower = small_step(p, [](small_trainer::tower_context& tower) {
+    write_all(tower);
+    if (tower.tower() == 0) tower.gradient_ready("b");  // tower 1 completes b only by returning
+  });
+  REQUIRE(one_tower.buckets_during_towers == 0);
+}
+
+}  // namespace
