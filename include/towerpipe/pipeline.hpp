@@ -89,7 +89,7 @@ class pipeline {
   // Whether gradient buckets are reduced while the towers run (reduce/overlapped_reduction.hpp); else
   // after them, every bucket at once.
   static constexpr bool overlaps_reduction =
-      detail::reducer_reduces_variables<reducer_type, towers_type, Optim, master_type>::value;
+      detail::reducer_reduces_parts<reducer_type, towers_type, Optim, master_type>::value;
 
   pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
            const pipeline_options& options = {})
@@ -116,7 +116,13 @@ class pipeline {
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
     reducer_ = make_reducer();
     if constexpr (overlaps_reduction) {
-      overlap_ = std::make_unique<detail::overlapped_reduction>(*variables_, options_.buckets, towers, sizeof(stored_type));
+      detail::overlapped_reduction::tower_done on_tower_done;  // GPU towers: an event on the tower's stream
+      if constexpr (detail::towers_record_bucket_events<towers_type>::value) {
+        towers_->prepare_bucket_events(bucket_count_);
+        on_tower_done = [this](std::size_t tower, std::size_t bucket) { towers_->record_bucket_done(tower, bucket); };
+      }
+      overlap_ = std::make_unique<detail::overlapped_reduction>(*variables_, options_.buckets, towers, sizeof(stored_type),
+                                                                std::move(on_tower_done));
       towers_->set_ready_listener(overlap_.get());
     }
     if (options_.trace != nullptr && across_processes())
@@ -382,7 +388,7 @@ class pipeline {
       screen.weights = loss_scaler_.unscaled(weights);
       screen.window = window_.place<master_type>(stats.examples);
     }
-    if constexpr (overlaps_reduction) begin_overlap(stats.step, weights, constants, screen);
+    if constexpr (overlaps_reduction) begin_overlap(weights, constants, screen, stats);
     try {
       run_towers(fn, exact_weights, stats);
     } catch (...) {
@@ -508,33 +514,24 @@ class pipeline {
   // the towers mark ready go while they run (reduce/overlapped_reduction.hpp). A checked step screens its
   // buckets then and applies after the verdict; only a window's first micro-batch does, because a later
   // one adds into the running sum, which a tower failing after a bucket would leave half written.
-  void begin_overlap(std::int64_t step, const std::vector<master_type>& weights,
-                     const typename Optim::template step_constants<master_type>& constants, screen_pass& screen) {
+  void begin_overlap(const std::vector<master_type>& weights, const typename Optim::template step_constants<master_type>& constants,
+                     screen_pass& screen, step_stats& stats) {
     const bool checked = checked_steps(options_);
-    if (checked) screen.partials = reducer_->empty_screen();
+    if (checked) screen.partials = reducer_->begin_screen();
     overlap_->begin_step(
-        [this, checked, step, &weights, &constants, &screen](const std::vector<std::size_t>& variables, bool on_pool) {
-          const auto reduce = [&](auto& runner) {
-            if (checked) reducer_->screen_variables(*towers_, variables, screen.weights, screen.window, screen.partials, runner);
-            else reducer_->average_and_apply_variables(*towers_, variables, weights, constants, runner);
-          };
-          if (on_pool) {
-            reduce(towers_->pool());
-          } else {
-            const auto begin = clock::now();
-            detail::calling_thread here;
-            reduce(here);
-            tracer_.span(checked ? "bucket: average + screen" : "bucket: average + apply", begin, clock::now(), step,
+        [this, checked, &stats, &weights, &constants, &screen](const detail::step_part& part) {
+          const auto begin = clock::now();
+          if (checked) reducer_->screen_part(*towers_, part, screen.weights, screen.window, screen.partials, stats.stages);
+          else reducer_->average_and_apply_part(*towers_, part, weights, constants, stats.stages);
+          if (part.during_towers())
+            tracer_.span(checked ? "bucket: average + screen" : "bucket: average + apply", begin, clock::now(), stats.step,
                          "reduce (during towers)");
-          }
         },
-        options_.overlap_reduction && (!checked || screen.window.first));
+        options_.overlap_reduction && reducer_->overlaps_buckets() && (!checked || screen.window.first));
   }
   // After the towers: the buckets they left, and what the step hid behind them.
   void finish_overlap(step_stats& stats) {
-    const auto start = clock::now();
     const detail::overlapped_reduction::outcome outcome = overlap_->finish();
-    stats.stages.reduce = seconds_since(start);
     stats.stages.reduce_during_towers = outcome.seconds_during_towers;
     stats.buckets_during_towers = outcome.buckets_during_towers;
   }

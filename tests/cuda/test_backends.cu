@@ -290,6 +290,85 @@ TEST_CASE("reduce::host with GPU towers equals the host pipeline bitwise (per_va
 
 namespace {
 
+// A kernel that keeps a tower's stream busy for about `cycles` clock cycles: the compute of a layer's
+// backward, between two gradient_ready marks.
+__global__ void spin_for(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+// Gradient buckets (one variable a bucket) marked ready in reverse order while each tower's stream is
+// kept busy between marks: every replica equals the unbucketed host pipeline bitwise, checked and
+// unchecked; device0 reducing directly takes every bucket during the towers, the others after them.
+template <class Reduce>
+void check_buckets(std::size_t towers, bool direct, const pipeline_options& base, std::uint64_t salt) {
+  random_source random(salt);
+  INFO(Reduce::name << ", " << towers << " towers, direct " << direct << ", seed " << random.seed());
+  const std::size_t examples = 3 * towers - 1;
+  const gradient_plan plan = draw_plan(random, towers, 4);
+  std::vector<std::vector<float>> initial;
+  for (const variable& v : test_variables) initial.push_back(random.normal(v.size));
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  const auto expected = host_reference<optim::adam>(plan, towers, examples, adam, initial, base);
+
+  pipeline_options options = base;
+  options.direct_device_access = direct;
+  options.buckets.cap_bytes = 1;
+  using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
+  trainer p(test_variables, test_inputs, towers, adam, options);
+  for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
+  const std::vector<float> x(examples, 1.0f);
+  batch b;
+  b.add("x", x.data(), examples, {1});
+  for (const step_gradients& step : plan) {
+    const step_stats stats = p.step(b, [&](typename trainer::tower_context& tower) {
+      for (std::size_t v = test_variables.count(); v-- > 0;) {
+        const std::vector<float>& g = step[tower.tower()][v];
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.gradient(v).data(), g.data(), g.size() * sizeof(float),
+                                             cudaMemcpyHostToDevice, tower.stream()));
+        tower.gradient_ready(v);
+        spin_for<<<1, 1, 0, tower.stream()>>>(200000);
+      }
+      TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
+      return 0.0;
+    });
+    const bool overlapped = std::is_same_v<Reduce, reduce::device0> && direct;
+    CHECK(stats.buckets == test_variables.count());
+    CHECK(stats.buckets_during_towers == (overlapped ? stats.buckets : 0));
+  }
+  auto& space = p.execution_space();
+  for (std::size_t t = 0; t < towers; ++t) {
+    INFO("replica " << t);
+    for (std::size_t v = 0; v < test_variables.count(); ++v)
+      CHECK(first_bitwise_difference(read_variable(space.replica(t), v), expected[v]) == -1);
+  }
+}
+
+template <class Reduce>
+void check_buckets_everywhere(std::uint64_t salt) {
+  pipeline_options unchecked, checked;
+  unchecked.on_nonfinite = nonfinite_policy::unchecked;
+  checked.max_grad_norm = 1.0;
+  for (const pipeline_options& options : {unchecked, checked}) {
+    for (std::size_t towers = 1; towers <= max_towers(); towers *= 2) {
+      for (const bool direct : {true, false}) check_buckets<Reduce>(towers, direct, options, salt + towers);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gradient buckets marked during the towers change no bit on any GPU backend", "[gpu][backends][overlap]") {
+  check_buckets_everywhere<reduce::device0>(700);
+  check_buckets_everywhere<reduce::p2p_tree>(710);
+  check_buckets_everywhere<reduce::sharded>(720);
+  check_buckets_everywhere<reduce::host>(730);
+}
+
+namespace {
+
 // Mixed precision on GPU towers (reduce::device0) against the host's mixed pipeline: the fp32 master
 // bitwise, every replica's 16-bit patterns equal to the host towers' rounded copy.
 template <class Half, class Layout>

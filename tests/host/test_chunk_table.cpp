@@ -80,3 +80,29 @@ TEST_CASE("check_vector_aligned names the table, role, variable and element a ke
   CHECK_NOTHROW(check_vector_aligned(unpadded, 2, table, 4, "end to end"));
   CHECK_NOTHROW(check_vector_aligned(padded_flat_pointers(storage, variables), 2, table, 16, "padded"));
 }
+
+TEST_CASE("a set of variables is found in the chunk table as runs of consecutive chunks", "[multi_tensor][overlap]") {
+  // Chunks of 32768: a [0, 3), b [3, 4), c [4, 6).
+  const variable_set variables{{"a", {70000}}, {"b", {3}}, {"c", {40000}}};
+  const std::vector<tensor_chunk> table = make_chunk_table(variables, 32768);
+  REQUIRE(table.size() == 6);
+  const chunks_by_variable by_variable(table, variables.count());
+  const auto runs = [&](std::vector<std::size_t> set) {
+    std::vector<std::pair<std::size_t, std::size_t>> pairs;
+    for (const chunk_group& run : by_variable.runs(std::move(set))) pairs.emplace_back(run.first, run.last);
+    return pairs;
+  };
+  using pairs = std::vector<std::pair<std::size_t, std::size_t>>;
+  CHECK(runs({2}) == pairs{{4, 6}});
+  CHECK(runs({2, 0}) == pairs{{0, 3}, {4, 6}});
+  CHECK(runs({1, 0}) == pairs{{0, 4}});  // neighbours merge, whatever the order given
+  CHECK(runs({0, 1, 2}) == pairs{{0, 6}});
+  CHECK(runs({}).empty());
+  CHECK(by_variable.list({2, 1}) == std::vector<std::size_t>{3, 4, 5});
+  // The screen's tiles (2048 elements) of the same variables: a 35, b 1, c 20.
+  const std::vector<tensor_chunk> tiles = make_chunk_table(variables, 2048);
+  const chunks_by_variable tiles_by_variable(tiles, variables.count());
+  CHECK(tiles_by_variable.of(1).first == 35);
+  CHECK(tiles_by_variable.of(1).last == 36);
+  CHECK(tiles_by_variable.of(2).last == 56);
+}

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <cmath>
 #include <stdexcept>
 #include <thread>
@@ -371,6 +373,58 @@ TEST_CASE("towers that mark nothing, or only part, reduce the rest after returni
     if (tower.tower() == 0) tower.gradient_ready("b");  // tower 1 completes b only by returning
   });
   REQUIRE(one_tower.buckets_during_towers == 0);
+}
+
+}  // namespace
+
+namespace {
+
+// The driver's order, as GPU towers need it: a bucket reaches its part only after every tower was told
+// it had completed the bucket (there it records the event the part waits for), each bucket once, and
+// what the towers left comes after them, in one part.
+TEST_CASE("a bucket's part runs after every tower's tower_done for it, once, and the rest after the towers",
+          "[overlap][buckets]") {
+  constexpr std::size_t towers = 3;
+  gradient_buckets options;
+  options.cap_bytes = 100;  // {d}, {c, b}, {a}
+  std::mutex mutex;
+  std::vector<std::vector<int>> told(3, std::vector<int>(towers, 0));  // [bucket][tower]
+  std::vector<std::string> faults;
+  std::vector<int> parts(3, 0);
+  std::vector<std::vector<std::size_t>> rest;
+  detail::overlapped_reduction overlap(plan_variables, options, towers, sizeof(float), [&](std::size_t tower, std::size_t bucket) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    ++told[bucket][tower];
+  });
+  overlap.begin_step(
+      [&](const detail::step_part& part) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!part.during_towers()) return rest.push_back(part.variables);
+        ++parts[part.bucket];
+        for (std::size_t t = 0; t < towers; ++t) {
+          if (told[part.bucket][t] != 1) faults.push_back("bucket " + std::to_string(part.bucket) + " before tower " + std::to_string(t));
+        }
+      },
+      true);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < towers; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<char> ready(plan_variables.count(), 0);
+      // Tower 2 marks d and c only: {c, b} and {a} complete at its return.
+      for (std::size_t v = plan_variables.count(); v-- > (t == 2 ? 2 : 0);) {
+        overlap.gradient_ready(t, v);
+        ready[v] = 1;
+      }
+      overlap.tower_returned(t, ready);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const detail::overlapped_reduction::outcome outcome = overlap.finish();
+  CHECK(faults.empty());
+  CHECK(parts == std::vector<int>{1, 0, 0});
+  CHECK(outcome.buckets_during_towers == 1);
+  REQUIRE(rest.size() == 1);
+  CHECK(rest[0] == std::vector<std::size_t>{2, 1, 0});  // {c, b} then {a}, in the plan's order
 }
 
 }  // namespace

@@ -28,13 +28,22 @@ class device_chunk_table {
     copy_to_device_now(chunks_.get(), chunks.data(), chunks.size() * sizeof(tensor_chunk));
   }
 
+  std::size_t size() const { return static_cast<std::size_t>(count_); }
+
+  // Over the chunks [run.first, run.last) (every_chunk: all; a gradient bucket's: programs/chunk_table.hpp
+  // chunks_by_variable); an empty run launches nothing.
   template <class Policy, class Agent>
-  void launch(const Agent& agent, const cuda_stream& stream) const {
+  void launch(const Agent& agent, const cuda_stream& stream, chunk_group run = every_chunk) const {
     static_assert(check_multi_tensor_policy<Policy, typename Agent::value_type>());
+    if (run.last == every_chunk.last) run.last = size();
     if (stream.device() != device_) fail("chunk table of device ", device_, " launched on device ", stream.device());
+    if (run.first > run.last || run.last > size())
+      fail("chunks [", run.first, ", ", run.last, ") launched from a table of ", size());
+    if (run.first == run.last) return;
     device_guard on(device_);
-    multi_tensor_kernel<Agent, Policy><<<static_cast<unsigned>(std::max(count_, 1)), Policy::threads_per_block, 0,
-                                         stream.get()>>>(agent, chunks_.get(), count_);
+    const int count = static_cast<int>(run.last - run.first);
+    multi_tensor_kernel<Agent, Policy><<<static_cast<unsigned>(count), Policy::threads_per_block, 0, stream.get()>>>(
+        agent, chunks_.get() + run.first, count);
     TOWERPIPE_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -74,13 +74,21 @@ class device_screen {
     TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(first_nonfinite_.get(), 0xFF, sizeof(nonfinite_key), stream.get()));
   }
 
+  const std::vector<tensor_chunk>& tiles() const { return tiles_; }
+
+  // Over the tiles [run.first, run.last) (every_chunk: all; a gradient bucket's); every launch since
+  // reset() lowers the one key, each writes its tiles' sums.
   template <class Source, class T>
-  void launch(const Source& source, const pointer_table<T>& averaged, const cuda_stream& stream) const {
+  void launch(const Source& source, const pointer_table<T>& averaged, const cuda_stream& stream,
+              chunk_group run = every_chunk) const {
+    if (run.last == every_chunk.last) run.last = tiles_.size();
+    if (run.first > run.last || run.last > tiles_.size())
+      fail("screen tiles [", run.first, ", ", run.last, ") launched from a table of ", tiles_.size());
     device_guard on(device_);
-    const int tiles = static_cast<int>(tiles_.size());
+    const int tiles = static_cast<int>(run.last - run.first);
     const unsigned blocks = static_cast<unsigned>(std::max(1, (tiles + screen_warps_per_block - 1) / screen_warps_per_block));
     screen_kernel<Source, T><<<blocks, screen_warps_per_block * 32, 0, stream.get()>>>(
-        source, averaged, device_tiles_.get(), tiles, tile_sums_.get(), first_nonfinite_.get());
+        source, averaged, device_tiles_.get() + run.first, tiles, tile_sums_.get() + run.first, first_nonfinite_.get());
     TOWERPIPE_CUDA_CHECK(cudaGetLastError());
     TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(host_first_.get(), first_nonfinite_.get(), sizeof(nonfinite_key),
                                          cudaMemcpyDeviceToHost, stream.get()));

@@ -116,6 +116,23 @@ class cuda_towers {
   // stream wait for the tower's new parameters before the next step's work.
   const cuda_event& gradients_ready(std::size_t t) const { return towers_[t]->gradients_ready; }
 
+  // Where gradient_ready marks go (the overlapped reduction), or nowhere (null).
+  void set_ready_listener(tower_ready_listener* listener) { listener_ = listener; }
+  // Events for gradient buckets (step/buckets.hpp), one per tower and bucket: recorded on the tower's
+  // stream when it has marked the whole bucket (record_bucket_done, from the tower's thread), so that a
+  // reduction of the bucket waits for exactly the work that wrote its gradients.
+  void prepare_bucket_events(std::size_t buckets) {
+    for (auto& own : towers_) {
+      own->bucket_done.clear();
+      for (std::size_t b = 0; b < buckets; ++b) own->bucket_done.emplace_back(own->device);
+    }
+  }
+  void record_bucket_done(std::size_t t, std::size_t bucket) {
+    device_guard on(towers_[t]->device);
+    towers_[t]->bucket_done.at(bucket).record(towers_[t]->stream);
+  }
+  const cuda_event& bucket_done(std::size_t t, std::size_t bucket) const { return towers_[t]->bucket_done.at(bucket); }
+
   // Reads variable `index` of tower 0's replica (all replicas are equal between steps).
   tensor_view<const value_type> parameter_on_host(std::size_t index) {
     synchronize_all();
@@ -188,8 +205,7 @@ class cuda_towers {
       TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(own.device_loss.get(), 0, sizeof(float), own.stream.get()));
       if (poison_) poison_device_gradients(own.gradients, own.stream);
       context ctx(own.device, own.stream.get(), own.device_loss.get(), t, towers(), current.device_shards[t],
-                  current.shards[t].weight, &own.replica, &own.gradients, &written_[t], &ready_[t],
-                  nullptr);  // GPU towers' marks are checked; their buckets are reduced after run()
+                  current.shards[t].weight, &own.replica, &own.gradients, &written_[t], &ready_[t], listener_);
       // Recorded whatever the tower function does, so that later steps order after its work.
       const auto record_done = [&] {
         if (tracer_.on()) own.compute_end[0].record(own.stream);
@@ -207,6 +223,7 @@ class cuda_towers {
         }
         TOWERPIPE_CUDA_CHECK(cudaGetLastError());  // a launch the tower function made with bad arguments
         if (poison_) check_device_gradients_written(own.gradients, written_[t], own.stream);
+        if (listener_ != nullptr) listener_->tower_returned(t, ready_[t]);
       } catch (...) {
         record_done();
         throw;
@@ -256,6 +273,7 @@ class cuda_towers {
     shard_stager input;
     cuda_device_memory::owner<float> device_loss;
     std::vector<cuda_event> compute_start, compute_end;  // one each while tracing, else none
+    std::vector<cuda_event> bucket_done;                // per gradient bucket (prepare_bucket_events)
     std::optional<device_clock> clock;                  // while tracing
   };
 
@@ -274,6 +292,7 @@ class cuda_towers {
   std::vector<std::unique_ptr<tower>> towers_;
   std::vector<std::vector<char>> written_;
   std::vector<std::vector<char>> ready_;  // [tower][variable]: marked by gradient_ready this step
+  tower_ready_listener* listener_ = nullptr;
   cuda_pinned_memory::owner<float> losses_;
   std::deque<staged_batch> staged_;
   int next_slot_ = 0;

@@ -19,6 +19,11 @@
 // Optional:
 //   void finish_step(std::int64_t step)         called after the reduction (GPU towers record their
 //                                               device-side timeline spans there)
+//   void set_ready_listener(tower_ready_listener*)  where gradient_ready marks go (exec/tower_context.hpp);
+//                                               required with a reducer that takes gradient buckets
+//   void prepare_bucket_events(buckets), record_bucket_done(tower, bucket), bucket_done(tower, bucket)
+//                                               GPU towers: an event per tower and bucket, recorded on
+//                                               the tower's stream when it has marked the bucket
 
 #include <cstddef>
 #include <cstdint>
@@ -57,6 +62,7 @@ TOWERPIPE_DETECT_MEMBER(towers_has_parameter_on_host, std::declval<T&>().paramet
 TOWERPIPE_DETECT_MEMBER(towers_has_set_parameter,
                         std::declval<T&>().set_parameter(std::size_t{}, std::declval<const typename T::value_type*>()));
 TOWERPIPE_DETECT_MEMBER(towers_has_finish_step, std::declval<T&>().finish_step(std::int64_t{}));
+TOWERPIPE_DETECT_MEMBER(towers_record_bucket_events, std::declval<T&>().record_bucket_done(std::size_t{}, std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(has_context_type, std::declval<typename T::context>());
 
 // Fails compilation with the name of the first member Towers lacks.

@@ -57,11 +57,17 @@ struct chunk_group {
   std::size_t first, last;
 };
 
-inline std::vector<chunk_group> group_chunks(const std::vector<tensor_chunk>& chunks, std::size_t group_elements) {
+// Every chunk of a table, whatever its size (for launches that take a run of chunks).
+constexpr chunk_group every_chunk{0, ~std::size_t(0)};
+
+// Of the chunks [within.first, within.last) only, with every_chunk: all of them.
+inline std::vector<chunk_group> group_chunks(const std::vector<tensor_chunk>& chunks, std::size_t group_elements,
+                                             chunk_group within = every_chunk) {
+  within.last = std::min(within.last, chunks.size());
   std::vector<chunk_group> groups;
-  for (std::size_t first = 0; first < chunks.size();) {
+  for (std::size_t first = within.first; first < within.last;) {
     std::size_t last = first, elements = 0;
-    while (last < chunks.size() && (elements == 0 || elements + chunks[last].count <= group_elements))
+    while (last < within.last && (elements == 0 || elements + chunks[last].count <= group_elements))
       elements += chunks[last++].count;
     groups.push_back({first, last});
     first = last;
@@ -81,6 +87,45 @@ inline std::vector<element_range> group_ranges(const std::vector<tensor_chunk>& 
   }
   return ranges;
 }
+
+// Where each variable's chunks lie in a table (each variable's consecutively, in variable order, as
+// make_chunk_table lays them), and the runs of consecutive chunks that a set of variables covers: what a
+// pass over some variables only (a gradient bucket: step/buckets.hpp) works through, on the host a task
+// per chunk, on a device a launch per run.
+class chunks_by_variable {
+ public:
+  chunks_by_variable(const std::vector<tensor_chunk>& table, std::size_t variables) : first_(variables + 1, table.size()) {
+    for (std::size_t c = table.size(); c-- > 0;) first_[static_cast<std::size_t>(table[c].variable)] = c;
+    for (std::size_t v = variables; v-- > 0;) first_[v] = std::min(first_[v], first_[v + 1]);  // variables of no chunk
+  }
+
+  chunk_group of(std::size_t variable) const { return {first_[variable], first_[variable + 1]}; }
+
+  // In table order; the runs of variables next to each other in the table merged.
+  std::vector<chunk_group> runs(std::vector<std::size_t> variables) const {
+    std::sort(variables.begin(), variables.end());
+    std::vector<chunk_group> runs;
+    for (std::size_t v : variables) {
+      const chunk_group chunks = of(v);
+      if (chunks.first == chunks.last) continue;
+      if (!runs.empty() && runs.back().last == chunks.first) runs.back().last = chunks.last;
+      else runs.push_back(chunks);
+    }
+    return runs;
+  }
+
+  // The same runs as a list of chunk indices.
+  std::vector<std::size_t> list(const std::vector<std::size_t>& variables) const {
+    std::vector<std::size_t> chunks;
+    for (const chunk_group& run : runs(variables)) {
+      for (std::size_t c = run.first; c < run.last; ++c) chunks.push_back(c);
+    }
+    return chunks;
+  }
+
+ private:
+  std::vector<std::size_t> first_;  // per variable: its first chunk; [variables]: the table's size
+};
 
 // Pointers of several roles (towers' gradients, towers' replicas, optimizer slots), one per
 // (role, variable), in one array laid out [role][variable].

@@ -28,6 +28,7 @@
 #include "towerpipe/programs/agents.hpp"
 #include "towerpipe/programs/copy_wiring.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
@@ -55,13 +56,58 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
                                                 "reduce::device0: the gradients it reads")),
         replicas_(vector_pointer_table<Policy>(copies_.replicas(), static_cast<int>(variables.count()), chunk_list_, root_,
                                                "reduce::device0: the replicas it writes")),
-        average_(variables, root_) {
+        average_(variables, root_),
+        chunk_runs_(chunk_list_, variables.count()),
+        tile_runs_(average_.screen.tiles(), variables.count()) {
     check_device_tower_count("reduce::device0", towers.towers());
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (copies_.copied(t))
+      if (copies_.copied(t)) {
         log_warning(make_message("reduce::device0: device ", root_, " does not reach device ", towers.device(t), " (tower ", t,
                                  ") directly; its gradients and parameters are copied"));
+        reaches_every_tower_ = false;
+      }
     }
+  }
+
+  // Gradient buckets (reduce/overlapped_reduction.hpp). A bucket's pass waits for the bucket's event on
+  // every tower's stream and runs over the bucket's chunks on stream_, enqueued from the worker thread
+  // while the towers go on; what the towers left waits for their whole gradients and finishes the step
+  // (the broadcast, the screen's results). The gradients of a tower the root reaches only through copies
+  // are copied whole after the towers, so then every bucket waits for them.
+  bool overlaps_buckets() const { return reaches_every_tower_; }
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<master_type>& weights,
+                              const typename Optim::template step_constants<master_type>& constants, stage_seconds& stages) {
+    if constexpr (mixed) {
+      fail("reduce::device0: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
+    } else {
+      const nvtx_range range("towerpipe reduce::device0 part");
+      device_guard on(root_);
+      wait_for_part(towers, part);
+      for (const chunk_group& run : chunk_runs_.runs(part.variables))
+        launch_fused_apply<Policy, Optim, master_type>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_.const_view(),
+                                                       weights, apply_for(towers, constants), run);
+      if (!part.during_towers()) stages.reduce = broadcast_and_wait(towers, "device0 fused average + apply + broadcast");
+    }
+  }
+  screen_partials begin_screen() {
+    device_guard on(root_);
+    average_.screen.reset(stream_);
+    return {};
+  }
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<master_type>& weights,
+                   const accumulation<master_type>& step, screen_partials& partials, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::device0 screen part");
+    device_guard on(root_);
+    wait_for_part(towers, part);
+    for (const chunk_group& run : tile_runs_.runs(part.variables))
+      launch_tower_screen(average_.screen, stream_, static_cast<int>(towers.towers()), gradients_.const_view(), weights,
+                          average_.table.view(), step, run);
+    if (part.during_towers()) return;
+    end_.record(stream_);
+    end_.synchronize();  // the towers may write their gradients again once this returns
+    stages.reduce = seconds_between(start_, end_);
+    towers.device_span(0, start_, end_, "device0 average + screen", "reduce (GPU)");
+    partials = average_.screen.results();
   }
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<master_type>& weights,
@@ -115,6 +161,13 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
     run_copies_async(copies_.gradients_in(), stream_);
   }
 
+  // On stream_: a bucket's work after the bucket's event on every tower; what the towers left after
+  // their whole gradients (gather_gradients).
+  void wait_for_part(cuda_towers<Layout>& towers, const step_part& part) {
+    if (!part.during_towers()) return gather_gradients(towers);
+    for (std::size_t t = 0; t < towers.towers(); ++t) towers.bucket_done(t, part.bucket).make_wait(stream_);
+  }
+
   optimizer_apply<Optim, master_type, stored_type> apply_for(cuda_towers<Layout>& towers,
                                                              const typename Optim::template step_constants<master_type>& constants) {
     return {replicas_.view(),  this->state_table(),  static_cast<int>(towers.towers()), this->state_slot_count(),
@@ -140,6 +193,8 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   tower_copies<device_buffer> copies_;  // the towers the root does not reach (programs/copy_wiring.hpp)
   device_pointer_table<stored_type> gradients_, replicas_;  // role = tower: in place, or the root's copy
   device_average<Layout> average_;  // checked steps
+  chunks_by_variable chunk_runs_, tile_runs_;  // where a bucket's variables lie in chunks_ and in the screen's tiles
+  bool reaches_every_tower_ = true;  // no tower's gradients copied
 };
 
 }  // namespace detail

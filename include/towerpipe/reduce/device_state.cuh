@@ -109,10 +109,10 @@ class device_optimizer_state {
 template <class Policy, int Towers, class Optim, class T, class Stored>
 void launch_fused_apply_for(const device_chunk_table& chunks, const cuda_stream& stream, int towers,
                             const pointer_table<const T>& gradients, const std::vector<T>& weights,
-                            const optimizer_apply<Optim, T, Stored>& apply) {
+                            const optimizer_apply<Optim, T, Stored>& apply, const chunk_group& run = every_chunk) {
   fused_apply_agent<Optim, T, Towers, Stored> agent{gradients, towers, {}, apply};
   for (int t = 0; t < towers; ++t) agent.weights[t] = weights[static_cast<std::size_t>(t)];
-  chunks.launch<Policy>(agent, stream);
+  chunks.launch<Policy>(agent, stream, run);
 }
 
 // Calls body(integral_constant<int, towers>) for 1..8 towers, else body(integral_constant<int, 0>) (the
@@ -136,9 +136,9 @@ void with_tower_count(int towers, Body&& body) {
 template <class Policy, class Optim, class T>
 void launch_fused_apply(const device_chunk_table& chunks, const cuda_stream& stream, int towers,
                         const pointer_table<const T>& gradients, const std::vector<T>& weights,
-                        const optimizer_apply<Optim, T>& apply) {
+                        const optimizer_apply<Optim, T>& apply, const chunk_group& run = every_chunk) {
   with_tower_count(towers, [&](auto towers_constant) {
-    launch_fused_apply_for<Policy, decltype(towers_constant)::value>(chunks, stream, towers, gradients, weights, apply);
+    launch_fused_apply_for<Policy, decltype(towers_constant)::value>(chunks, stream, towers, gradients, weights, apply, run);
   });
 }
 
@@ -147,12 +147,12 @@ void launch_fused_apply(const device_chunk_table& chunks, const cuda_stream& str
 template <class T, class Stored>
 void launch_tower_screen(const device_screen& screen, const cuda_stream& stream, int towers,
                          const pointer_table<const Stored>& gradients, const std::vector<T>& weights,
-                         const pointer_table<T>& averaged, const accumulation<T>& step) {
+                         const pointer_table<T>& averaged, const accumulation<T>& step, const chunk_group& tiles = every_chunk) {
   with_tower_count(towers, [&](auto towers_constant) {
     using tower_source = tower_average_source<T, decltype(towers_constant)::value, weight_array<T>, Stored>;
     accumulating_source<tower_source, T> source{{gradients, towers, {}}, averaged, step};
     for (int t = 0; t < towers; ++t) source.inner.weights.value[t] = weights[static_cast<std::size_t>(t)];
-    screen.launch(source, averaged, stream);
+    screen.launch(source, averaged, stream, tiles);
   });
 }
 

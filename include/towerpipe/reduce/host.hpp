@@ -154,7 +154,9 @@ class host_optimizer_pass {
   using constants_type = typename Optim::template step_constants<value_type>;
 
   host_optimizer_pass(const variable_set& variables, const typename Optim::hyper_parameters& h)
-      : chunks_(make_chunk_table(variables, host_reduce_policy::chunk_elements)), averaged_(variables) {
+      : chunks_(make_chunk_table(variables, host_reduce_policy::chunk_elements)),
+        averaged_(variables),
+        by_variable_(chunks_, variables.count()) {
     static_assert(host_reduce_policy::chunk_elements % screen_tile_elements == 0,
                   "towerpipe: host chunks must hold whole screen tiles");
     for (int slot = 0; slot < Optim::state_slots(h); ++slot) state_.emplace_back(variables);
@@ -164,19 +166,10 @@ class host_optimizer_pass {
       tiles += (v.size + screen_tile_elements - 1) / screen_tile_elements;
     }
     tile_count_ = tiles;
-    first_chunk_.assign(variables.count() + 1, chunks_.size());
-    for (std::size_t c = chunks_.size(); c-- > 0;) first_chunk_[static_cast<std::size_t>(chunks_[c].variable)] = c;
-    for (std::size_t v = variables.count(); v-- > 0;) first_chunk_[v] = std::min(first_chunk_[v], first_chunk_[v + 1]);
   }
 
-  // The chunks of the table that `variables` cover (a bucket's, or several buckets'), each variable's in order.
-  std::vector<std::size_t> chunks_of(const std::vector<std::size_t>& variables) const {
-    std::vector<std::size_t> list;
-    for (std::size_t v : variables) {
-      for (std::size_t c = first_chunk_[v]; c < first_chunk_[v + 1]; ++c) list.push_back(c);
-    }
-    return list;
-  }
+  // The chunks of the table that `variables` cover (a bucket's, or several buckets').
+  std::vector<std::size_t> chunks_of(const std::vector<std::size_t>& variables) const { return by_variable_.list(variables); }
   static std::vector<std::size_t> chunk_range(std::size_t first, std::size_t last) {
     std::vector<std::size_t> list(last - first);
     for (std::size_t c = first; c < last; ++c) list[c - first] = c;
@@ -291,7 +284,7 @@ class host_optimizer_pass {
   std::vector<buffer> state_;  // one buffer per optimizer state slot
   buffer averaged_;            // a checked step's average
   std::vector<std::size_t> first_tile_;  // per variable: the index of its first screen tile
-  std::vector<std::size_t> first_chunk_;  // per variable: its first chunk in chunks_; [count]: chunks_.size()
+  chunks_by_variable by_variable_;
   std::size_t tile_count_ = 0;
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
@@ -332,30 +325,31 @@ class host_reducer {
   screen_partials screen_average(host_towers<Layout>& towers, const std::vector<value_type>& weights,
                                  const accumulation<value_type>& step, stage_seconds& stages) {
     const auto start = std::chrono::steady_clock::now();
-    screen_partials partials = empty_screen();
+    screen_partials partials = begin_screen();
     pass_.screen(towers.pool(), every_chunk(), gradient_buffers(towers), weights, step, partials);
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return partials;
   }
 
-  // The same passes over some variables only — a gradient bucket, or the buckets left when the towers
-  // return (reduce/overlapped_reduction.hpp) — on `runner`: the thread pool, or calling_thread.
-  template <class Runner>
-  void average_and_apply_variables(host_towers<Layout>& towers, const std::vector<std::size_t>& variables,
-                                   const std::vector<value_type>& weights,
-                                   const typename Optim::template step_constants<value_type>& constants, Runner& runner) {
-    average_and_apply_chunks(towers, pass_.chunks_of(variables), weights, constants, runner);
+  // The same passes over a part of the step only (reduce/overlapped_reduction.hpp): a gradient bucket on
+  // the calling thread (the pool's threads run the towers then), or what the towers left, on the pool.
+  bool overlaps_buckets() const { return true; }
+  void average_and_apply_part(host_towers<Layout>& towers, const step_part& part, const std::vector<value_type>& weights,
+                              const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
+    on_runner_for(towers, part, stages, [&](auto& runner) {
+      average_and_apply_chunks(towers, pass_.chunks_of(part.variables), weights, constants, runner);
+    });
   }
-  screen_partials empty_screen() const {
+  screen_partials begin_screen() const {
     screen_partials partials;
     partials.tile_sums.assign(pass_.tile_count(), 0.0);
     return partials;
   }
-  template <class Runner>
-  void screen_variables(host_towers<Layout>& towers, const std::vector<std::size_t>& variables,
-                        const std::vector<value_type>& weights, const accumulation<value_type>& step, screen_partials& partials,
-                        Runner& runner) {
-    pass_.screen(runner, pass_.chunks_of(variables), gradient_buffers(towers), weights, step, partials);
+  void screen_part(host_towers<Layout>& towers, const step_part& part, const std::vector<value_type>& weights,
+                   const accumulation<value_type>& step, screen_partials& partials, stage_seconds& stages) {
+    on_runner_for(towers, part, stages, [&](auto& runner) {
+      pass_.screen(runner, pass_.chunks_of(part.variables), gradient_buffers(towers), weights, step, partials);
+    });
   }
 
   void apply_averaged(host_towers<Layout>& towers, value_type scale,
@@ -373,6 +367,19 @@ class host_reducer {
 
  private:
   std::vector<std::size_t> every_chunk() const { return pass_.chunk_range(0, pass_.chunks().size()); }
+
+  // A bucket on the calling thread; what the towers left on the pool, timed as stages.reduce.
+  template <class Body>
+  static void on_runner_for(host_towers<Layout>& towers, const step_part& part, stage_seconds& stages, Body&& body) {
+    if (part.during_towers()) {
+      calling_thread here;
+      body(here);
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      body(towers.pool());
+      stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }
 
   template <class Runner>
   void average_and_apply_chunks(host_towers<Layout>& towers, const std::vector<std::size_t>& chunks,

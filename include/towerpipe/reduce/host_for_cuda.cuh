@@ -15,6 +15,11 @@
 //   first tower's replica, and are copied on the device (HBM, ~50x PCIe) into the others.
 // - layout::per_variable's groups span many separate allocations: they move in one
 //   cudaMemcpyBatchAsync per group and direction, not one call per variable.
+//
+// Gradient buckets (reduce/overlapped_reduction.hpp): a bucket's gradients come down as soon as every
+// tower's stream has passed the bucket's event, the CPU averages (and in an unchecked step applies) them
+// on the worker thread and the bucket's parameters go up, all while the towers compute; what the towers
+// left then goes through the same pipeline of transfer groups on the thread pool, and finishes the step.
 
 #include <cuda_runtime.h>
 
@@ -32,6 +37,7 @@
 #include "towerpipe/programs/agents.hpp"
 #include "towerpipe/programs/copy_list.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
@@ -53,7 +59,10 @@ class cuda_host_reducer {
   using hyper_parameters = typename Optim::hyper_parameters;
 
   cuda_host_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
-      : pass_(variables, h), master_(variables), groups_(group_chunks(pass_.chunks(), Policy::group_elements)) {
+      : pass_(variables, h),
+        master_(variables),
+        groups_(group_chunks(pass_.chunks(), Policy::group_elements)),
+        by_variable_(pass_.chunks(), variables.count()) {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       links_.push_back(std::make_unique<link>(variables, towers.device(t), groups_.size()));
       std::size_t leader = 0;
@@ -71,34 +80,38 @@ class cuda_host_reducer {
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::host");
-    const auto start = std::chrono::steady_clock::now();
-    download_gradients(towers);
-    const std::vector<const pinned_buffer*> gradients = tower_gradients();
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      wait_for_group(g);
-      pass_.run(towers.pool(), pass_.chunk_range(groups_[g].first, groups_[g].last), gradients, master_, weights, constants);
-      upload_group(towers, g);
-    }
-    finish_uploads(towers, start, stages);
+    average_and_apply_groups(towers, groups_, no_bucket, towers.pool(), weights, constants, stages);
   }
 
   // A checked step, pass 1: the gradients come down group by group and are averaged and screened on the
   // CPU (programs/screen.hpp) while the next group is on its way.
   screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights, const accumulation<T>& step,
                                  stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::host screen");
-    const auto start = std::chrono::steady_clock::now();
-    download_gradients(towers);
-    const std::vector<const pinned_buffer*> gradients = tower_gradients();
+    screen_partials partials = begin_screen();
+    screen_groups(towers, groups_, no_bucket, towers.pool(), weights, step, partials, stages);
+    return partials;
+  }
+
+  // The same over a part of the step (see the top): a bucket on the worker, what the towers left on the pool.
+  bool overlaps_buckets() const { return true; }
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
+                              const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    if (!part.during_towers())
+      return average_and_apply_groups(towers, transfer_groups(part.variables), no_bucket, towers.pool(), weights, constants, stages);
+    calling_thread here;
+    average_and_apply_groups(towers, transfer_groups(part.variables), part.bucket, here, weights, constants, stages);
+  }
+  screen_partials begin_screen() const {
     screen_partials partials;
     partials.tile_sums.assign(pass_.tile_count(), 0.0);
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      wait_for_group(g);
-      pass_.screen(towers.pool(), pass_.chunk_range(groups_[g].first, groups_[g].last), gradients, weights, step, partials);
-    }
-    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return partials;
+  }
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights, const accumulation<T>& step,
+                   screen_partials& partials, stage_seconds& stages) {
+    if (!part.during_towers())
+      return screen_groups(towers, transfer_groups(part.variables), no_bucket, towers.pool(), weights, step, partials, stages);
+    calling_thread here;
+    screen_groups(towers, transfer_groups(part.variables), part.bucket, here, weights, step, partials, stages);
   }
 
   // Pass 2: the optimizer on scale * average, group by group, each group going up as soon as it is done.
@@ -110,7 +123,7 @@ class cuda_host_reducer {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       pass_.run(towers.pool(), pass_.chunk_range(groups_[g].first, groups_[g].last), std::vector<const buffer*>{&pass_.averaged()}, master_,
                 std::vector<T>{scale}, constants);
-      upload_group(towers, g);
+      upload_group(towers, groups_[g]);
     }
     finish_uploads(towers, start, stages);
     stages.reduce += screened;
@@ -119,17 +132,62 @@ class cuda_host_reducer {
  private:
   using buffer = typename Layout::template buffer<host_memory>;
 
-  // Every tower's gradients into its pinned buffer on its down stream, issued group-major.
-  void download_gradients(cuda_towers<Layout>& towers) {
-    for (std::size_t t = 0; t < towers.towers(); ++t) {
-      device_guard on(towers.device(t));
-      towers.gradients_ready(t).make_wait(links_[t]->down);
+  // The fused pass over `groups`: each comes down, is averaged and applied on `runner`, goes up. bucket:
+  // the gradient bucket they hold, whose events the downloads wait for, or no_bucket: what the towers
+  // left, after their whole gradients; that finishes the step (the uploads waited for, stages filled).
+  template <class Runner>
+  void average_and_apply_groups(cuda_towers<Layout>& towers, const std::vector<chunk_group>& groups, std::size_t bucket,
+                                Runner& runner, const std::vector<T>& weights,
+                                const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::host");
+    const auto start = std::chrono::steady_clock::now();
+    download_gradients(towers, groups, bucket);
+    const std::vector<const pinned_buffer*> gradients = tower_gradients();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      wait_for_group(g);
+      pass_.run(runner, pass_.chunk_range(groups[g].first, groups[g].last), gradients, master_, weights, constants);
+      upload_group(towers, groups[g]);
     }
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (bucket == no_bucket) finish_uploads(towers, start, stages);
+  }
+  template <class Runner>
+  void screen_groups(cuda_towers<Layout>& towers, const std::vector<chunk_group>& groups, std::size_t bucket, Runner& runner,
+                     const std::vector<T>& weights, const accumulation<T>& step, screen_partials& partials, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::host screen");
+    const auto start = std::chrono::steady_clock::now();
+    download_gradients(towers, groups, bucket);
+    const std::vector<const pinned_buffer*> gradients = tower_gradients();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      wait_for_group(g);
+      pass_.screen(runner, pass_.chunk_range(groups[g].first, groups[g].last), gradients, weights, step, partials);
+    }
+    if (bucket == no_bucket) stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  // A part's transfer groups: its runs of chunks, cut at about group_elements.
+  std::vector<chunk_group> transfer_groups(const std::vector<std::size_t>& variables) const {
+    std::vector<chunk_group> groups;
+    for (const chunk_group& run : by_variable_.runs(variables)) {
+      const std::vector<chunk_group> cut = group_chunks(pass_.chunks(), Policy::group_elements, run);
+      groups.insert(groups.end(), cut.begin(), cut.end());
+    }
+    return groups;
+  }
+
+  // Every tower's gradients of `groups` into its pinned buffer on its down stream, issued group-major,
+  // after the bucket's event on each tower (no_bucket: after its whole gradients).
+  void download_gradients(cuda_towers<Layout>& towers, const std::vector<chunk_group>& groups, std::size_t bucket) {
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      link& own = *links_[t];
+      device_guard on(towers.device(t));
+      (bucket == no_bucket ? towers.gradients_ready(t) : towers.bucket_done(t, bucket)).make_wait(own.down);
+      while (own.down_done.size() < groups.size()) own.down_done.emplace_back(towers.device(t));
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
       for (std::size_t t = 0; t < towers.towers(); ++t) {
         link& own = *links_[t];
         device_guard on(towers.device(t));
-        copy_group(own.gradients, towers.gradients(t), g, own.down);
+        copy_group(own.gradients, towers.gradients(t), groups[g], own.down);
         own.down_done[g].record(own.down);
       }
     }
@@ -144,12 +202,12 @@ class cuda_host_reducer {
   }
   // Group g of the master up into each device's first replica, then on the device into its other ones,
   // all on the first tower's up stream.
-  void upload_group(cuda_towers<Layout>& towers, std::size_t g) {
+  void upload_group(cuda_towers<Layout>& towers, const chunk_group& group) {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       const std::size_t leader = upload_leader_[t];
       device_guard on(towers.device(t));
-      if (leader == t) copy_group(towers.replica(t), master_, g, links_[t]->up);
-      else copy_group(towers.replica(t), towers.replica(leader), g, links_[leader]->up);
+      if (leader == t) copy_group(towers.replica(t), master_, group, links_[t]->up);
+      else copy_group(towers.replica(t), towers.replica(leader), group, links_[leader]->up);
     }
   }
   // After the last upload was issued: the towers' next work waits for their parameters, the host for
@@ -178,15 +236,15 @@ class cuda_host_reducer {
     }
     pinned_buffer gradients;
     cuda_stream down, up;
-    std::vector<cuda_event> down_done;  // per group
+    std::vector<cuda_event> down_done;  // per group of the pass in flight
     cuda_event up_done;
   };
 
-  // Copies group g's elements of every variable it touches (either direction, or device to device):
+  // Copies a group's elements of every variable it touches (either direction, or device to device):
   // in layout::flat one range, otherwise one batch of ranges.
   template <class Target, class Source>
-  void copy_group(Target& target, const Source& source, std::size_t g, const cuda_stream& stream) const {
-    const std::vector<element_range> ranges = group_ranges(pass_.chunks(), groups_[g]);
+  void copy_group(Target& target, const Source& source, const chunk_group& group, const cuda_stream& stream) const {
+    const std::vector<element_range> ranges = group_ranges(pass_.chunks(), group);
     if constexpr (has_arena<Target>::value) {
       const T* begin = source.data(ranges.front().variable) + ranges.front().begin;
       const T* end = source.data(ranges.back().variable) + ranges.back().end;
@@ -212,7 +270,8 @@ class cuda_host_reducer {
 
   host_optimizer_pass<Optim, Layout> pass_;
   pinned_buffer master_;
-  std::vector<chunk_group> groups_;
+  std::vector<chunk_group> groups_;   // the whole step's transfer groups
+  chunks_by_variable by_variable_;    // a part's chunks
   std::vector<std::unique_ptr<link>> links_;
   std::vector<std::size_t> upload_leader_;  // per tower: the first tower on its device, which uploads for it
 };

@@ -26,14 +26,19 @@ namespace detail {
 
 class overlapped_reduction final : public tower_ready_listener {
  public:
-  // A part of the step over `variables`; on_pool: on the towers' thread pool (after the towers), else on
-  // the calling thread (the worker, while they run).
-  using part = std::function<void(const std::vector<std::size_t>& variables, bool on_pool)>;
+  // A part of the step (step/buckets.hpp): a bucket, on the worker while the towers run, or what is left
+  // after them.
+  using part = std::function<void(const step_part&)>;
+  // Told on a tower's thread when that tower has marked all of a bucket that goes during the towers,
+  // before any other tower can see it complete (GPU towers record an event on their stream there).
+  using tower_done = std::function<void(std::size_t tower, std::size_t bucket)>;
 
   // `element_bytes`: a gradient element as the towers hold it (for the buckets' byte cap).
   overlapped_reduction(const variable_set& variables, const gradient_buckets& buckets, std::size_t towers,
-                       std::size_t element_bytes)
-      : plan_(make_bucket_plan(variables, buckets, element_bytes)), readiness_(plan_, towers) {}
+                       std::size_t element_bytes, tower_done on_tower_done = {})
+      : plan_(make_bucket_plan(variables, buckets, element_bytes)),
+        readiness_(plan_, towers),
+        tower_done_(std::move(on_tower_done)) {}
 
   const bucket_plan& plan() const { return plan_; }
 
@@ -47,10 +52,12 @@ class overlapped_reduction final : public tower_ready_listener {
   }
 
   void gradient_ready(std::size_t tower, std::size_t variable) override {
-    const std::size_t bucket = readiness_.mark(tower, variable);
-    if (bucket == no_bucket || !during_towers_) return;
+    const std::size_t bucket = readiness_.mark_for_tower(tower, variable);
+    if (bucket == no_bucket) return;
+    if (during_towers_ && tower_done_) tower_done_(tower, bucket);
+    if (!readiness_.tower_completed(bucket) || !during_towers_) return;
     worker_.post([this, bucket] {
-      reduce_(plan_.buckets[bucket], false);
+      reduce_(step_part{plan_.buckets[bucket], bucket});
       reduced_[bucket] = 1;
     });
   }
@@ -65,7 +72,7 @@ class overlapped_reduction final : public tower_ready_listener {
     std::size_t buckets_during_towers = 0;  // reduced while the towers ran
     double seconds_during_towers = 0;       // the worker's time on them
   };
-  // After every tower returned: waits for the buckets in flight, then reduces the others on the pool.
+  // After every tower returned: waits for the buckets in flight, then reduces the others.
   outcome finish() {
     outcome result;
     result.seconds_during_towers = worker_.drain();
@@ -74,7 +81,7 @@ class overlapped_reduction final : public tower_ready_listener {
       if (reduced_[b]) ++result.buckets_during_towers;
       else rest.insert(rest.end(), plan_.buckets[b].begin(), plan_.buckets[b].end());
     }
-    if (!rest.empty()) reduce_(rest, true);
+    reduce_(step_part{rest, no_bucket});  // even empty: the reducer finishes the step there
     return result;
   }
   // After a tower failed: waits for the buckets in flight (a failure among them is dropped: the step
@@ -92,6 +99,7 @@ class overlapped_reduction final : public tower_ready_listener {
  private:
   bucket_plan plan_;
   bucket_readiness readiness_;  // refers to plan_
+  tower_done tower_done_;
   part reduce_;
   bool during_towers_ = false;
   std::vector<char> reduced_;  // [bucket]: reduced by the worker this step (written there, read after a drain)

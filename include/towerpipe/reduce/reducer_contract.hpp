@@ -32,25 +32,27 @@
 //                                                       reducers that keep a master copy of their own
 //   std::vector<std::size_t> state_bytes_per_tower(towers) const   for reducers that spread the optimizer
 //                                                       state over the towers' devices (reduce::sharded)
-//   screen_partials empty_screen() const, and for Runner = thread_pool and calling_thread:
-//   void screen_variables(towers&, const std::vector<std::size_t>& variables, weights, accumulation,
-//                         screen_partials&, Runner&)
-//   void average_and_apply_variables(towers&, variables, weights, constants, Runner&)
-//                                                       the passes over some variables only, on `runner`:
-//                                                       such a reducer takes gradient buckets while the
-//                                                       towers run (reduce/overlapped_reduction.hpp);
-//                                                       the others reduce every bucket after them
-
+//   bool overlaps_buckets() const, screen_partials begin_screen(),
+//   void screen_part(towers&, const step_part&, weights, accumulation, screen_partials&, stage_seconds&),
+//   void average_and_apply_part(towers&, const step_part&, weights, constants, stage_seconds&)
+//                                                       the passes over a part of the step only
+//                                                       (step/buckets.hpp): such a reducer takes gradient
+//                                                       buckets while the towers run, where
+//                                                       overlaps_buckets() (reduce/overlapped_reduction.hpp),
+//                                                       then what is left after them, which finishes the
+//                                                       pass (and fills stages.reduce, stages.broadcast);
+//                                                       begin_screen() before a checked step's parts;
+//                                                       the others reduce every bucket after the towers
 #include <cstddef>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "towerpipe/core/tensor_view.hpp"
-#include "towerpipe/exec/thread_pool.hpp"
 #include "towerpipe/exec/towers_contract.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/programs/screen.hpp"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
 #include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/split.hpp"
@@ -90,17 +92,19 @@ TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_
 TOWERPIPE_DETECT_MEMBER(reducer_spreads_state, std::declval<const T&>().state_bytes_per_tower(std::size_t{}));
 
 template <class Reducer, class Towers, class Optim, class T, class = void>
-struct reducer_reduces_variables : std::false_type {};
+struct reducer_reduces_parts : std::false_type {};
 template <class Reducer, class Towers, class Optim, class T>
-struct reducer_reduces_variables<
+struct reducer_reduces_parts<
     Reducer, Towers, Optim, T,
-    std::void_t<decltype(std::declval<Reducer&>().screen_variables(
-                    std::declval<Towers&>(), std::declval<const std::vector<std::size_t>&>(), std::declval<const std::vector<T>&>(),
-                    std::declval<const accumulation<T>&>(), std::declval<screen_partials&>(), std::declval<calling_thread&>())),
-                decltype(std::declval<Reducer&>().average_and_apply_variables(
-                    std::declval<Towers&>(), std::declval<const std::vector<std::size_t>&>(), std::declval<const std::vector<T>&>(),
-                    std::declval<const typename Optim::template step_constants<T>&>(), std::declval<calling_thread&>())),
-                decltype(std::declval<const Reducer&>().empty_screen())>> : std::true_type {};
+    std::void_t<decltype(std::declval<Reducer&>().screen_part(std::declval<Towers&>(), std::declval<const step_part&>(),
+                                                               std::declval<const std::vector<T>&>(),
+                                                               std::declval<const accumulation<T>&>(), std::declval<screen_partials&>(),
+                                                               std::declval<stage_seconds&>())),
+                decltype(std::declval<Reducer&>().average_and_apply_part(
+                    std::declval<Towers&>(), std::declval<const step_part&>(), std::declval<const std::vector<T>&>(),
+                    std::declval<const typename Optim::template step_constants<T>&>(), std::declval<stage_seconds&>())),
+                decltype(std::declval<Reducer&>().begin_screen()), decltype(std::declval<const Reducer&>().overlaps_buckets())>>
+    : std::true_type {};
 
 template <class Reducer, class Towers, class Optim>
 using reducer_spans_processes = std::is_constructible<Reducer, const variable_set&, const typename Optim::hyper_parameters&, Towers&,

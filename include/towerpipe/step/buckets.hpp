@@ -40,6 +40,14 @@ namespace detail {
 
 constexpr std::size_t no_bucket = ~std::size_t(0);
 
+// A part of a step over some variables (reduce/overlapped_reduction.hpp): a gradient bucket, reduced
+// while the towers run, or what they left (bucket no_bucket, perhaps no variable at all), after them.
+struct step_part {
+  const std::vector<std::size_t>& variables;
+  std::size_t bucket = no_bucket;
+  bool during_towers() const { return bucket != no_bucket; }
+};
+
 struct bucket_plan {
   std::vector<std::vector<std::size_t>> buckets;  // the variables of each bucket
   std::vector<std::size_t> bucket_of;             // per variable: its bucket
@@ -109,11 +117,18 @@ class bucket_readiness {
   }
 
   // Tower `tower` marked variable v (each at most once a step: the tower context checks it). Returns the
-  // bucket this mark made ready for every tower, else no_bucket.
-  std::size_t mark(std::size_t tower, std::size_t v) {
+  // bucket this mark completed for the tower, else no_bucket.
+  std::size_t mark_for_tower(std::size_t tower, std::size_t v) {
     const std::size_t b = plan_.bucket_of[v];
-    if (--missing_[tower][b] != 0) return no_bucket;
-    return complete_[b].fetch_add(1, std::memory_order_acq_rel) + 1 == towers_ ? b : no_bucket;
+    return --missing_[tower][b] == 0 ? b : no_bucket;
+  }
+  // A tower completed bucket b (after whatever it does first, such as recording an event, which the
+  // tower that makes the bucket ready then sees). Returns whether every tower has now.
+  bool tower_completed(std::size_t b) { return complete_[b].fetch_add(1, std::memory_order_acq_rel) + 1 == towers_; }
+  // Both: returns the bucket this mark made ready for every tower, else no_bucket.
+  std::size_t mark(std::size_t tower, std::size_t v) {
+    const std::size_t b = mark_for_tower(tower, v);
+    return b != no_bucket && tower_completed(b) ? b : no_bucket;
   }
 
  private:
