@@ -4,6 +4,7 @@
 // unbucketed step does, for every bucket size, optimizer, layout, precision and checked or unchecked
 // step — and what a tower failing after a bucket went leaves behind.
 #include <towerpipe/towerpipe.hpp>
+#include <towerpipe/comm/thread_group.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -109,21 +110,28 @@ float gradient_value(float parameter, std::size_t k, std::size_t tower, std::int
 
 // Runs `steps` steps. marking: the towers mark each variable ready right after writing it, last variable
 // first (as a backward pass goes), and let time pass so that the buckets are reduced while they run.
+// Across processes (thread ranks) a tower's global index is rank * towers + its own, and each process
+// stages its part of the batch. Returns whether every step reduced its buckets during the towers when
+// they were marked (and none when not): checked by the caller, on the test's thread.
 template <class Trainer>
-void train(Trainer& p, int steps, bool marking) {
+[[nodiscard]] bool train(Trainer& p, int steps, bool marking, std::size_t rank = 0) {
+  bool as_expected = true;
   using stored = typename Trainer::stored_type;
-  const std::vector<float> x{1.0f, 0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.5f};
-  batch b;
-  b.add("x", x, {1});
+  const std::vector<float> x{1.0f, 0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.5f, 3.0f, -2.0f};
+  batch whole;
+  whole.add("x", x, {1});
+  const batch_part part = p.process_part(whole.examples());
+  const batch b = whole.slice(part.first, part.examples);
   for (int s = 0; s < steps; ++s) {
     const std::int64_t step = p.steps_done() + 1;
     const step_stats stats = p.step(b, [&](typename Trainer::tower_context& tower) {
       const float first_x = tower.template input<float>("x")(0, 0);
+      const std::size_t global_tower = rank * tower.towers() + tower.tower();
       for (std::size_t v = tower.variables().count(); v-- > 0;) {
         const auto parameter = tower.parameter(v);
         const auto gradient = tower.gradient(v);
         for (std::size_t k = 0; k < gradient.size(); ++k)
-          gradient[k] = stored(gradient_value(static_cast<float>(parameter[k]), k, tower.tower(), step, first_x));
+          gradient[k] = stored(gradient_value(static_cast<float>(parameter[k]), k, global_tower, step, first_x));
         if (marking) {
           tower.gradient_ready(v);
           std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -133,8 +141,9 @@ void train(Trainer& p, int steps, bool marking) {
     });
     const bool overlapping = marking && p.options().overlap_reduction &&
                              (p.options().accumulation_steps == 1 || stats.micro_batch == 1);
-    REQUIRE(stats.buckets_during_towers == (overlapping ? stats.buckets : 0));
+    as_expected = as_expected && stats.buckets_during_towers == (overlapping ? stats.buckets : 0);
   }
+  return as_expected;
 }
 
 template <class Trainer>
@@ -167,21 +176,21 @@ void require_bitwise_equal(const Trainer& a, const Trainer& b) {
 template <class Trainer>
 void check_buckets_change_no_bit(const typename Trainer::hyper_parameters& h, pipeline_options options, int steps = 4) {
   const auto reference = make_trainer<Trainer>(3, h, options);
-  train(*reference, steps, false);
+  REQUIRE(train(*reference, steps, false));
   for (const std::size_t cap : {std::size_t(1), std::size_t(9000), std::size_t(1) << 30}) {
     for (const bool overlap : {true, false}) {
       INFO("cap_bytes " << cap << ", overlap_reduction " << overlap);
       options.buckets.cap_bytes = cap;
       options.overlap_reduction = overlap;
       const auto marked = make_trainer<Trainer>(3, h, options);
-      train(*marked, steps, true);
+      REQUIRE(train(*marked, steps, true));
       require_bitwise_equal(*marked, *reference);
     }
   }
   options.buckets.groups = {{"w1", "b2"}, {"embed"}, {"b1", "w2"}};  // explicit, out of order
   options.overlap_reduction = true;
   const auto grouped = make_trainer<Trainer>(3, h, options);
-  train(*grouped, steps, true);
+  REQUIRE(train(*grouped, steps, true));
   require_bitwise_equal(*grouped, *reference);
 }
 
@@ -198,6 +207,49 @@ TEMPLATE_TEST_CASE("buckets reduced during the towers change no bit: checked and
                    layout::flat<float>, layout::per_variable<float>) {
   check_buckets_change_no_bit<adam_trainer<TestType>>(optim::adam::hyper_parameters{}, {});
   check_buckets_change_no_bit<adam_trainer<TestType>>(optim::adam::hyper_parameters{}, unchecked());
+}
+
+template <class Layout>
+using sharded_trainer = pipeline<exec::host, reduce::sharded, optim::adam, Layout>;
+
+TEST_CASE("reduce::sharded in one process: buckets change no bit", "[overlap][sharded]") {
+  check_buckets_change_no_bit<sharded_trainer<layout::flat<float>>>(optim::adam::hyper_parameters{}, {});
+  check_buckets_change_no_bit<sharded_trainer<layout::per_variable<float>>>(optim::adam::hyper_parameters{}, unchecked());
+  check_buckets_change_no_bit<sharded_trainer<layout::flat<bfloat16>>>(optim::adam::hyper_parameters{}, {});
+}
+
+TEST_CASE("reduce::sharded across processes (thread ranks): buckets change no bit, one process's result", "[overlap][sharded][ranks]") {
+  constexpr std::size_t ranks = 2, towers = 2;
+  for (const pipeline_options& base : {pipeline_options{}, unchecked()}) {
+    const auto reference = make_trainer<adam_trainer<layout::flat<float>>>(ranks * towers, {}, base);
+    REQUIRE(train(*reference, 3, false));
+    const auto group = thread_process_group::create(static_cast<int>(ranks));
+    std::vector<std::unique_ptr<sharded_trainer<layout::flat<float>>>> ranked(ranks);
+    std::vector<std::string> errors(ranks);
+    std::vector<char> overlapped(ranks, 0);
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          pipeline_options options = base;
+          options.processes = group[r];
+          options.buckets.cap_bytes = 1;
+          ranked[r] = make_trainer<sharded_trainer<layout::flat<float>>>(towers, {}, options);
+          overlapped[r] = train(*ranked[r], 3, true, r);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    REQUIRE(errors == std::vector<std::string>(ranks));
+    REQUIRE(overlapped == std::vector<char>(ranks, 1));
+    for (std::size_t v = 0; v < model.count(); ++v) {
+      INFO("variable " << model[v].name);
+      for (std::size_t r = 0; r < ranks; ++r)
+        REQUIRE(first_bitwise_difference(ranked[r]->parameter(v), reference->parameter(v)) == -1);
+    }
+  }
 }
 
 TEST_CASE("buckets change no bit for SGD with momentum and AdamW", "[overlap]") {

@@ -27,6 +27,7 @@
 #include "towerpipe/programs/chunk_table.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/programs/screen.hpp"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
@@ -139,6 +140,18 @@ unsigned accumulate_average(const accumulation<T>& step, const T* sum, T* out, s
     bad |= exponent_all_ones(x);
   }
   return bad;
+}
+
+// body(runner) for a part of a step (step/buckets.hpp): a bucket on the calling thread, since the towers
+// hold the pool's threads then; what the towers left on the pool, after them.
+template <class Body>
+void run_part_on(thread_pool& pool, const step_part& part, Body&& body) {
+  if (part.during_towers()) {
+    calling_thread here;
+    body(here);
+  } else {
+    body(pool);
+  }
 }
 
 // The optimizer state in host memory and the fused pass over any range of the chunk table; shared by
@@ -368,17 +381,12 @@ class host_reducer {
  private:
   std::vector<std::size_t> every_chunk() const { return pass_.chunk_range(0, pass_.chunks().size()); }
 
-  // A bucket on the calling thread; what the towers left on the pool, timed as stages.reduce.
+  // run_part_on, what the towers left timed as stages.reduce.
   template <class Body>
   static void on_runner_for(host_towers<Layout>& towers, const step_part& part, stage_seconds& stages, Body&& body) {
-    if (part.during_towers()) {
-      calling_thread here;
-      body(here);
-    } else {
-      const auto start = std::chrono::steady_clock::now();
-      body(towers.pool());
-      stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    }
+    const auto start = std::chrono::steady_clock::now();
+    run_part_on(towers.pool(), part, body);
+    if (!part.during_towers()) stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   template <class Runner>

@@ -96,10 +96,9 @@ class cuda_host_reducer {
   bool overlaps_buckets() const { return true; }
   void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
                               const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    if (!part.during_towers())
-      return average_and_apply_groups(towers, transfer_groups(part.variables), no_bucket, towers.pool(), weights, constants, stages);
-    calling_thread here;
-    average_and_apply_groups(towers, transfer_groups(part.variables), part.bucket, here, weights, constants, stages);
+    run_part_on(towers.pool(), part, [&](auto& runner) {
+      average_and_apply_groups(towers, transfer_groups(part.variables), part.bucket, runner, weights, constants, stages);
+    });
   }
   screen_partials begin_screen() const {
     screen_partials partials;
@@ -108,10 +107,9 @@ class cuda_host_reducer {
   }
   void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights, const accumulation<T>& step,
                    screen_partials& partials, stage_seconds& stages) {
-    if (!part.during_towers())
-      return screen_groups(towers, transfer_groups(part.variables), no_bucket, towers.pool(), weights, step, partials, stages);
-    calling_thread here;
-    screen_groups(towers, transfer_groups(part.variables), part.bucket, here, weights, step, partials, stages);
+    run_part_on(towers.pool(), part, [&](auto& runner) {
+      screen_groups(towers, transfer_groups(part.variables), part.bucket, runner, weights, step, partials, stages);
+    });
   }
 
   // Pass 2: the optimizer on scale * average, group by group, each group going up as soon as it is done.

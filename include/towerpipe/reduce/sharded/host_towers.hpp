@@ -40,6 +40,11 @@
 // all of them, in the table's order, and the first non-finite key — the same norm, skip and report as in
 // one process.
 //
+// Gradient buckets (reduce/overlapped_reduction.hpp): while the towers run, a bucket's contributions go
+// into the send buffer on the worker thread, and in one process its owner's work follows at once (the
+// update and the new parameters, or its screen); across processes the exchange waits for the last
+// bucket, and then the owners work through their whole slices.
+//
 // Mixed precision (bf16/fp16 towers): contributions are the widened gradients' products in the master
 // type, the owners hold their slice of the state in it, and every process gathers the whole master copy
 // (4 bytes a parameter) and rounds it for its towers — as one process's reduce::host does.
@@ -63,6 +68,7 @@
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/programs/screen.hpp"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/split.hpp"
 #include "towerpipe/step/stats.hpp"
@@ -116,7 +122,10 @@ class sharded_host_reducer {
         gathered_(plan_.total()),
         master_(mixed ? plan_.total() : 0),
         state_(static_cast<std::size_t>(slots_) * plan_.mine().stored_elements, master_type(0)),
-        averaged_(checked_ ? plan_.mine().stored_elements : 0) {
+        averaged_(checked_ ? plan_.mine().stored_elements : 0),
+        by_variable_(table_, variables.count()),
+        every_variable_(variables.count()) {
+    for (std::size_t v = 0; v < variables.count(); ++v) every_variable_[v] = v;
     for (int owner = 0; owner < span_.size(); ++owner) {
       send_rows_.push_back(plan_.send_row_pointers(owner, send_.data()));
       const owner_slice& slice = plan_.slice(owner);
@@ -161,14 +170,7 @@ class sharded_host_reducer {
   // One fused step: contributions to their owners, canonical sum, optimizer, parameters gathered.
   void average_and_apply(host_towers<Layout>& towers, const std::vector<master_type>& weights, const constants_type& constants,
                          stage_seconds& stages) {
-    if constexpr (mixed) fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
-    const auto start = std::chrono::steady_clock::now();
-    send_contributions(towers, weights, false);
-    update_slice(towers, constants, [&](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
-      canonical_sum(v, i, n, scratch);
-      return scratch[0];
-    });
-    finish_step(towers, start, stages);
+    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
   }
 
   // A checked step, pass 1 (programs/screen.hpp): contributions to their owners, who keep the canonical
@@ -177,41 +179,72 @@ class sharded_host_reducer {
   // has it, or the average's, found by its owner — as one process would compute them.
   screen_partials screen_average(host_towers<Layout>& towers, const std::vector<master_type>& weights,
                                  const accumulation<master_type>& step, stage_seconds& stages) {
+    screen_partials partials = begin_screen();
+    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
+    return partials;
+  }
+
+  // The same passes over a part of the step (see the top): a bucket on the calling thread (the worker),
+  // what the towers left on the pool, which finishes the step.
+  bool overlaps_buckets() const { return true; }
+  void average_and_apply_part(host_towers<Layout>& towers, const step_part& part, const std::vector<master_type>& weights,
+                              const constants_type& constants, stage_seconds& stages) {
+    if constexpr (mixed) fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
+    const auto start = std::chrono::steady_clock::now();
+    const auto sum = [&](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
+      canonical_sum(v, i, n, scratch);
+      return scratch[0];
+    };
+    const std::vector<chunk_group> chunks = by_variable_.runs(part.variables);
+    run_part_on(towers.pool(), part, [&](auto& runner) {
+      weigh_contributions(runner, towers, within(runs_, chunks), weights, false);
+      if (span_.size() == 1) {  // the owner is here: its update and the new parameters follow at once
+        update_slice(runner, towers, within(my_runs_, chunks), constants, sum);
+        scatter_parameters(runner, towers, within(runs_, chunks), updated_.data());
+      }
+    });
+    if (part.during_towers()) return;
+    if (span_.size() > 1) {
+      exchange();
+      update_slice(towers.pool(), towers, my_runs_, constants, sum);
+    }
+    finish_step(towers, start, stages, span_.size() > 1);
+  }
+
+  // Before a checked step's parts: nothing found yet.
+  screen_partials begin_screen() {
+    raw_key_ = owner_key_ = no_nonfinite;
+    std::fill(tile_sums_.begin(), tile_sums_.end(), 0.0);
+    return {};
+  }
+  void screen_part(host_towers<Layout>& towers, const step_part& part, const std::vector<master_type>& weights,
+                   const accumulation<master_type>& step, screen_partials& partials, stage_seconds& stages) {
     if (!checked_) fail("reduce::sharded: built for unchecked steps");
     const auto start = std::chrono::steady_clock::now();
-    const nonfinite_key raw = send_contributions(towers, weights, true);
-    const chunk_group mine = plan_.mine().chunks;
-    std::vector<double> tile_sums(mine.last - mine.first);  // a chunk of the table is a screen tile
-    std::vector<nonfinite_key> keys(my_runs_.size(), no_nonfinite);
-    for_each_chunk(towers, my_runs_, [&](std::size_t task, int, std::size_t c) {
-      const tensor_chunk& chunk = table_[c];
-      master_type* average = averaged_slice_[static_cast<std::size_t>(chunk.variable)];
-      for_each_block(chunk, [&](std::size_t i, std::size_t n) {
-        master_type scratch[32][block];
-        canonical_sum(chunk.variable, i, n, scratch);
-        if (accumulate_average(step, scratch[0], average + i, n) != 0)
-          keys[task] = std::min(keys[task], first_nonfinite_in<master_type>(average + i, static_cast<unsigned>(n), chunk.variable,
-                                                                            static_cast<unsigned>(i), nonfinite_sum_tower));
-      });
-      tile_sums[c - mine.first] = tile_sum_of_squares(average + chunk.first, chunk.count);
+    const std::vector<chunk_group> chunks = by_variable_.runs(part.variables);
+    run_part_on(towers.pool(), part, [&](auto& runner) {
+      raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), weights, true));
+      if (span_.size() == 1) owner_key_ = std::min(owner_key_, screen_slice(runner, within(my_runs_, chunks), step));
     });
-    nonfinite_key first_key = raw;
-    for (nonfinite_key key : keys) first_key = std::min(first_key, key);
-    screen_partials partials = span_.share_screen({tile_sums, first_key});
+    if (part.during_towers()) return;
+    if (span_.size() > 1) {
+      exchange();
+      owner_key_ = screen_slice(towers.pool(), my_runs_, step);
+    }
+    partials = span_.share_screen({tile_sums_, std::min(raw_key_, owner_key_)});
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return partials;
   }
 
   // Pass 2: the optimizer on scale * the owner's average, then the parameters gathered.
   void apply_averaged(host_towers<Layout>& towers, master_type scale, const constants_type& constants, stage_seconds& stages) {
     const double screened = stages.reduce;
     const auto start = std::chrono::steady_clock::now();
-    update_slice(towers, constants, [&](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
+    update_slice(towers.pool(), towers, my_runs_, constants, [&](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
       const master_type* average = averaged_slice_[static_cast<std::size_t>(v)] + i;
       for (std::size_t k = 0; k < n; ++k) scratch[0][k] = rounded_mul(scale, average[k]);
       return scratch[0];
     });
-    finish_step(towers, start, stages);
+    finish_step(towers, start, stages, true);
     stages.reduce += screened;
   }
 
@@ -222,15 +255,28 @@ class sharded_host_reducer {
     chunk_group chunks;
   };
 
-  // f(task, owner, chunk index) for every chunk of `runs`, one task per run, on the towers' threads.
-  template <class F>
-  void for_each_chunk(host_towers<Layout>& towers, const std::vector<run>& runs, F&& f) {
-    for (const std::exception_ptr& failure : towers.pool().run(runs.size(), [&](std::size_t task) {
+  // f(task, owner, chunk index) for every chunk of `runs`, one task per run, on `runner` (the towers'
+  // thread pool, or calling_thread).
+  template <class Runner, class F>
+  static void for_each_chunk(Runner& runner, const std::vector<run>& runs, F&& f) {
+    for (const std::exception_ptr& failure : runner.run(runs.size(), [&](std::size_t task) {
            for (std::size_t c = runs[task].chunks.first; c < runs[task].chunks.last; ++c) f(task, runs[task].owner, c);
          })) {
       if (failure) std::rethrow_exception(failure);
     }
   }
+  // The pieces of `runs` inside the chunk runs `part` (a part of the step's chunks, in table order).
+  static std::vector<run> within(const std::vector<run>& runs, const std::vector<chunk_group>& part) {
+    std::vector<run> pieces;
+    for (const run& r : runs) {
+      for (const chunk_group& p : part) {
+        const std::size_t first = std::max(r.chunks.first, p.first), last = std::min(r.chunks.last, p.last);
+        if (first < last) pieces.push_back({r.owner, {first, last}});
+      }
+    }
+    return pieces;
+  }
+
   // f(first element, count) for each block of the chunk: small enough that the scratch arrays stay in L1.
   template <class F>
   static void for_each_block(const tensor_chunk& chunk, F&& f) {
@@ -244,9 +290,11 @@ class sharded_host_reducer {
   // exchange (see the top): with partials, row 0 gets the local canonical sum of w_t * g_t; else row t
   // gets tower t's w_t * g_t. `screen`: also the first non-finite gradient value (global tower index),
   // which only the process that holds it can see.
-  nonfinite_key send_contributions(host_towers<Layout>& towers, const std::vector<master_type>& weights, bool screen) {
-    std::vector<nonfinite_key> keys(runs_.size(), no_nonfinite);
-    for_each_chunk(towers, runs_, [&](std::size_t task, int owner, std::size_t c) {
+  template <class Runner>
+  nonfinite_key weigh_contributions(Runner& runner, host_towers<Layout>& towers, const std::vector<run>& runs,
+                                    const std::vector<master_type>& weights, bool screen) {
+    std::vector<nonfinite_key> keys(runs.size(), no_nonfinite);
+    for_each_chunk(runner, runs, [&](std::size_t task, int owner, std::size_t c) {
       const tensor_chunk& chunk = table_[c];
       const std::size_t v = static_cast<std::size_t>(chunk.variable);
       master_type* const* rows = send_rows_[static_cast<std::size_t>(owner)].data();  // [row][variable]
@@ -268,10 +316,35 @@ class sharded_host_reducer {
         std::copy(scratch[0], scratch[0] + n, rows[v] + i);
       });
     });
-    if (span_.size() > 1)
-      span_.group().all_to_all(reinterpret_cast<const char*>(send_.data()), send_blocks_.offsets, send_blocks_.bytes,
-                               reinterpret_cast<char*>(received_.data()), receive_blocks_.offsets, receive_blocks_.bytes,
-                               "sending gradients to their owners");
+    nonfinite_key first = no_nonfinite;
+    for (nonfinite_key key : keys) first = std::min(first, key);
+    return first;
+  }
+  // The send buffer's rows to their owners (several processes; one reads them where they are).
+  void exchange() {
+    span_.group().all_to_all(reinterpret_cast<const char*>(send_.data()), send_blocks_.offsets, send_blocks_.bytes,
+                             reinterpret_cast<char*>(received_.data()), receive_blocks_.offsets, receive_blocks_.bytes,
+                             "sending gradients to their owners");
+  }
+
+  // The owner's canonical average of `runs` (chunks of its slice; with accumulation: its running sum), each
+  // tile's sum of squares into tile_sums_; returns the first non-finite key of the average.
+  template <class Runner>
+  nonfinite_key screen_slice(Runner& runner, const std::vector<run>& runs, const accumulation<master_type>& step) {
+    const chunk_group mine = plan_.mine().chunks;
+    std::vector<nonfinite_key> keys(runs.size(), no_nonfinite);
+    for_each_chunk(runner, runs, [&](std::size_t task, int, std::size_t c) {
+      const tensor_chunk& chunk = table_[c];
+      master_type* average = averaged_slice_[static_cast<std::size_t>(chunk.variable)];
+      for_each_block(chunk, [&](std::size_t i, std::size_t n) {
+        master_type scratch[32][block];
+        canonical_sum(chunk.variable, i, n, scratch);
+        if (accumulate_average(step, scratch[0], average + i, n) != 0)
+          keys[task] = std::min(keys[task], first_nonfinite_in<master_type>(average + i, static_cast<unsigned>(n), chunk.variable,
+                                                                            static_cast<unsigned>(i), nonfinite_sum_tower));
+      });
+      tile_sums_[c - mine.first] = tile_sum_of_squares(average + chunk.first, chunk.count);  // a chunk is a screen tile
+    });
     nonfinite_key first = no_nonfinite;
     for (nonfinite_key key : keys) first = std::min(first, key);
     return first;
@@ -288,10 +361,11 @@ class sharded_host_reducer {
 
   // The owner's slice: gradient(v, i, n, scratch) returns the gradient of elements [i, i + n) of variable
   // v; the optimizer's update of them goes into updated_.
-  template <class Gradient>
-  void update_slice(host_towers<Layout>& towers, const constants_type& constants, Gradient&& gradient) {
+  template <class Runner, class Gradient>
+  void update_slice(Runner& runner, host_towers<Layout>& towers, const std::vector<run>& runs, const constants_type& constants,
+                    Gradient&& gradient) {
     gathered_slot_ = -1;
-    for_each_chunk(towers, my_runs_, [&](std::size_t, int, std::size_t c) {
+    for_each_chunk(runner, runs, [&](std::size_t, int, std::size_t c) {
       const tensor_chunk& chunk = table_[c];
       const std::size_t v = static_cast<std::size_t>(chunk.variable);
       for_each_block(chunk, [&](std::size_t i, std::size_t n) {
@@ -316,11 +390,13 @@ class sharded_host_reducer {
 
   // After the owners' updates: every slice to every process (the master copy, with mixed precision), into
   // the towers' parameters.
-  void finish_step(host_towers<Layout>& towers, std::chrono::steady_clock::time_point start, stage_seconds& stages) {
+  // scatter: whether the new parameters still go to the towers (an unchecked step in one process has
+  // put each part's there already).
+  void finish_step(host_towers<Layout>& towers, std::chrono::steady_clock::time_point start, stage_seconds& stages, bool scatter) {
     const auto reduced = std::chrono::steady_clock::now();
     master_type* all = mixed ? master_.data() : span_.size() > 1 ? gathered_.data() : updated_.data();
     if (all != updated_.data()) gather(updated_.data(), all, "gathering parameters");
-    scatter_parameters(towers, all);
+    if (scatter) scatter_parameters(towers.pool(), towers, runs_, all);
     stages.reduce = std::chrono::duration<double>(reduced - start).count();
     stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
   }
@@ -334,8 +410,9 @@ class sharded_host_reducer {
 
   // All of the new parameters (`all`, as gathered) into the towers' shared parameters (rounded to nearest
   // even with mixed precision).
-  void scatter_parameters(host_towers<Layout>& towers, const master_type* all) {
-    for_each_chunk(towers, runs_, [&](std::size_t, int, std::size_t c) {
+  template <class Runner>
+  void scatter_parameters(Runner& runner, host_towers<Layout>& towers, const std::vector<run>& runs, const master_type* all) {
+    for_each_chunk(runner, runs, [&](std::size_t, int, std::size_t c) {
       const tensor_chunk& chunk = table_[c];
       const std::size_t v = static_cast<std::size_t>(chunk.variable);
       const master_type* from = all + padded_starts_[v] + chunk.first;
@@ -366,6 +443,12 @@ class sharded_host_reducer {
   std::vector<std::vector<master_type*>> send_rows_;  // per owner
   std::vector<master_type*> received_rows_, updated_slice_, state_rows_, averaged_slice_;
   int gathered_slot_ = -1;  // the state slot gathered_ holds, -1: none (parameters or stale)
+  chunks_by_variable by_variable_;           // a part's chunks
+  std::vector<std::size_t> every_variable_;  // 0, 1, ...: the whole step as one part
+  // A checked step's screen as its parts go: the first non-finite raw gradient and average, and the
+  // owner's tiles' sums of squares (a chunk of the table is a tile).
+  nonfinite_key raw_key_ = no_nonfinite, owner_key_ = no_nonfinite;
+  std::vector<double> tile_sums_ = std::vector<double>(plan_.mine().chunks.last - plan_.mine().chunks.first, 0.0);
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
 
