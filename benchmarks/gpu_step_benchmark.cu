@@ -13,7 +13,8 @@
 // methods; reduce::host: host wall time, as the anchors time the CPU parameter server. The host wall
 // time of every call (what a training step pays, the final wait included) is in the JSON as wall_ms.
 // Towers share the device(s) round-robin. Problems smaller than 3x the L2 cache rotate over several
-// independent instances.
+// independent instances. Then the overlap rows: whole steps whose towers compute a set time per gradient
+// bucket, serial against overlapped with backward (measure_overlap).
 
 #include <cuda_runtime.h>
 #include <thrust/execution_policy.h>
@@ -201,6 +202,103 @@ void measure_optimizers(const std::string& model, const variable_set& variables,
   }
 }
 
+// Keeps a stream busy for `cycles` SM clock cycles: one layer's backward compute in the overlap rows.
+__global__ void spin_for(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+// Overlap of the reduction with backward (step/buckets.hpp): whole training steps whose towers compute
+// a set time per gradient bucket (a spin kernel on the tower's stream) and write its gradients, last
+// bucket first, against compute alone (the spins without a step), the serial step (no gradient_ready:
+// every bucket after the towers) and the overlapped one (each bucket marked ready once written).
+// hidden = 1 - (overlapped - compute) / (serial - compute). The compute per step is `compute_ratio`
+// times the serial step's own reduction, measured first. Host wall times of whole steps.
+template <class Reduce>
+void measure_overlap(const std::string& model, const variable_set& variables, std::size_t towers, bool checked,
+                     double compute_ratio, const towerpipe_bench::options& o, json_rows& out) {
+  using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
+  pipeline_options options;
+  if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
+  trainer p(variables, {{"x", dtype::float32, {1}}}, towers, {}, options);
+  const detail::bucket_plan plan = detail::make_bucket_plan(variables, options.buckets, sizeof(float));
+  for (std::size_t t = 0; t < towers; ++t) {
+    for (std::size_t v = 0; v < variables.count(); ++v) {
+      auto view = p.execution_space().gradients(t).view(v);
+      detail::device_guard on(p.execution_space().device(t));
+      thrust::tabulate(thrust::device, view.data(), view.data() + view.size(), small_value_of_index<float>{static_cast<unsigned>(t * 131 + v)});
+    }
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  int clock_khz = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  const std::vector<float> x(towers, 1.0f);
+  batch b;
+  b.add("x", x.data(), towers, {1});
+  long long cycles_per_bucket = 0;
+  // A step's median host wall seconds; the towers spin cycles_per_bucket before each bucket's gradients.
+  const auto steps = [&](bool mark) {
+    std::vector<double> seconds;
+    for (int r = 0; r < o.repetitions + 3; ++r) {
+      const step_stats stats = p.step(b, [&](typename trainer::tower_context& tower) {
+        for (std::size_t k = plan.count(); k-- > 0;) {  // backward: the plan's last bucket first
+          if (cycles_per_bucket > 0) spin_for<<<1, 1, 0, tower.stream()>>>(cycles_per_bucket);
+          for (std::size_t v : plan.buckets[k]) tower.gradient(v);  // the values stay: only the marks matter
+          if (mark) {
+            for (std::size_t v : plan.buckets[k]) tower.gradient_ready(v);
+          }
+        }
+        return 0.0;
+      });
+      if (r >= 3) seconds.push_back(stats.seconds);
+    }
+    return median(seconds);
+  };
+  const double reduction = steps(false);
+  cycles_per_bucket = static_cast<long long>(compute_ratio * reduction / static_cast<double>(plan.count()) * clock_khz * 1e3);
+  std::vector<double> compute_seconds;
+  for (int r = 0; r < o.repetitions + 3; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (std::size_t t = 0; t < towers; ++t) {
+      detail::device_guard on(p.execution_space().device(t));
+      for (std::size_t k = 0; k < plan.count(); ++k)
+        spin_for<<<1, 1, 0, p.execution_space().stream(t).get()>>>(cycles_per_bucket);
+    }
+    for (std::size_t t = 0; t < towers; ++t) BENCH_CUDA(cudaStreamSynchronize(p.execution_space().stream(t).get()));
+    if (r >= 3) compute_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  const double compute = median(compute_seconds), serial = steps(false), overlapped = steps(true);
+  const double hidden = 1.0 - (overlapped - compute) / (serial - compute);
+  const std::string backend = std::string(Reduce::name) + (checked ? " checked" : "");
+  std::printf("%-10s %-16s %2zu %5zu %9.3f %9.3f %9.3f %9.3f %8.1f%%\n", model.c_str(), backend.c_str(), towers, plan.count(),
+              reduction * 1e3, compute * 1e3, serial * 1e3, overlapped * 1e3, 100.0 * hidden);
+  std::fflush(stdout);
+  json_rows::row row;
+  row.set("kind", "overlap")
+      .set("backend", backend)
+      .set("exec", "cuda")
+      .set("model", model)
+      .set("optimizer", "adam")
+      .set("layout", "flat")
+      .set("towers", static_cast<double>(towers))
+      .set("buckets", static_cast<double>(plan.count()))
+      .set("reduction_ms", reduction * 1e3)
+      .set("compute_ms", compute * 1e3)
+      .set("serial_ms", serial * 1e3)
+      .set("overlapped_ms", overlapped * 1e3)
+      .set("hidden_fraction", hidden)
+      .set("compute_ratio", compute_ratio);
+  out.rows.push_back(row);
+}
+
+template <class Reduce>
+void measure_overlaps(const std::string& model, const variable_set& variables, const towerpipe_bench::options& o, json_rows& out) {
+  for (std::size_t towers : o.towers) {
+    for (const bool checked : {false, true}) measure_overlap<Reduce>(model, variables, towers, checked, 2.0, o, out);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -255,6 +353,15 @@ int main(int argc, char** argv) try {
     measure_optimizers<reduce::sharded, layout::per_variable<float>>(model, variables, o, f, out, true);
     measure_optimizers<reduce::host, layout::flat<float>>(model, variables, o, f, out, true);
     measure_optimizers<reduce::host, layout::per_variable<float>>(model, variables, o, f, out, true);
+  }
+  std::printf("\noverlap with backward (compute per step = 2x the serial reduction; whole steps, host wall ms)\n");
+  std::printf("%-10s %-16s %2s %5s %9s %9s %9s %9s %9s\n", "variables", "backend", "N", "bkts", "reduce", "compute", "serial",
+              "overlap", "hidden");
+  for (const std::string& model : models) {
+    const variable_set variables = towerpipe_bench::read_shapes(o.shapes_dir + "/" + model + ".shapes");
+    measure_overlaps<reduce::device0>(model, variables, o, out);
+    measure_overlaps<reduce::host>(model, variables, o, out);
+    measure_overlaps<reduce::sharded>(model, variables, o, out);  // reduces after the towers: hidden ~0
   }
   if (!o.quick) {
     for (std::size_t millions : {1, 4, 16, 64, 256}) {
