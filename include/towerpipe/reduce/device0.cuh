@@ -58,7 +58,8 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
                                                "reduce::device0: the replicas it writes")),
         average_(variables, root_),
         chunk_runs_(chunk_list_, variables.count()),
-        tile_runs_(average_.screen.tiles(), variables.count()) {
+        tile_runs_(average_.screen.tiles(), variables.count()),
+        every_variable_(every_variable(variables.count())) {
     check_device_tower_count("reduce::device0", towers.towers());
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       if (copies_.copied(t)) {
@@ -110,35 +111,18 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
     partials = average_.screen.results();
   }
 
+  // The whole step: one part over every variable.
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<master_type>& weights,
                          const typename Optim::template step_constants<master_type>& constants, stage_seconds& stages) {
-    if constexpr (mixed) {
-      fail("reduce::device0: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
-    } else {
-      const nvtx_range range("towerpipe reduce::device0");
-      device_guard on(root_);
-      gather_gradients(towers);
-      launch_fused_apply<Policy, Optim, master_type>(chunks_, stream_, static_cast<int>(towers.towers()), gradients_.const_view(),
-                                           weights, apply_for(towers, constants));
-      stages.reduce = broadcast_and_wait(towers, "device0 fused average + apply + broadcast");
-    }
+    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
   }
 
   // A checked step, pass 1: the average and its screen; nothing the towers read changes.
   screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<master_type>& weights,
-                                 const accumulation<master_type>& step,
-                                 stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::device0 screen");
-    device_guard on(root_);
-    gather_gradients(towers);
-    average_.screen.reset(stream_);
-    launch_tower_screen(average_.screen, stream_, static_cast<int>(towers.towers()), gradients_.const_view(), weights,
-                        average_.table.view(), step);
-    end_.record(stream_);
-    end_.synchronize();  // the towers may write their gradients again once this returns
-    stages.reduce = seconds_between(start_, end_);
-    towers.device_span(0, start_, end_, "device0 average + screen", "reduce (GPU)");
-    return average_.screen.results();
+                                 const accumulation<master_type>& step, stage_seconds& stages) {
+    screen_partials partials = begin_screen();
+    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
+    return partials;
   }
 
   // Pass 2: the optimizer on scale * average, the new parameters into every replica.
@@ -194,6 +178,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   device_pointer_table<stored_type> gradients_, replicas_;  // role = tower: in place, or the root's copy
   device_average<Layout> average_;  // checked steps
   chunks_by_variable chunk_runs_, tile_runs_;  // where a bucket's variables lie in chunks_ and in the screen's tiles
+  std::vector<std::size_t> every_variable_;    // the whole step as one part
   bool reaches_every_tower_ = true;  // no tower's gradients copied
 };
 

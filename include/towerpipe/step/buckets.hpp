@@ -48,6 +48,13 @@ struct step_part {
   bool during_towers() const { return bucket != no_bucket; }
 };
 
+// 0, 1, ..., count - 1: the variables of a whole step as one part.
+inline std::vector<std::size_t> every_variable(std::size_t count) {
+  std::vector<std::size_t> all(count);
+  for (std::size_t v = 0; v < count; ++v) all[v] = v;
+  return all;
+}
+
 struct bucket_plan {
   std::vector<std::vector<std::size_t>> buckets;  // the variables of each bucket
   std::vector<std::size_t> bucket_of;             // per variable: its bucket

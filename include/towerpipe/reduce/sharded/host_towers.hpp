@@ -124,8 +124,7 @@ class sharded_host_reducer {
         state_(static_cast<std::size_t>(slots_) * plan_.mine().stored_elements, master_type(0)),
         averaged_(checked_ ? plan_.mine().stored_elements : 0),
         by_variable_(table_, variables.count()),
-        every_variable_(variables.count()) {
-    for (std::size_t v = 0; v < variables.count(); ++v) every_variable_[v] = v;
+        every_variable_(every_variable(variables.count())) {
     for (int owner = 0; owner < span_.size(); ++owner) {
       send_rows_.push_back(plan_.send_row_pointers(owner, send_.data()));
       const owner_slice& slice = plan_.slice(owner);
