@@ -531,14 +531,23 @@ class pipeline {
   }
   // After the towers: the buckets they left, and what the step hid behind them.
   void finish_overlap(step_stats& stats) {
-    const detail::overlapped_reduction::outcome outcome = overlap_->finish();
+    detail::overlapped_reduction::outcome outcome;
+    try {
+      outcome = overlap_->finish();
+    } catch (...) {
+      abandon_overlap(stats.step);
+      throw;
+    }
     stats.stages.reduce_during_towers = outcome.seconds_during_towers;
     stats.buckets_during_towers = outcome.buckets_during_towers;
   }
-  // A tower failed (its exception is being handled). A checked step's buckets only wrote the screen's
-  // buffer; an unchecked step's were applied, and the error says so.
+  // A tower or a bucket's pass failed (its exception is being handled): the buckets in flight are
+  // waited for, on the host and, where the reducer enqueues them on devices, there too (join_parts).
+  // A checked step's buckets only wrote the screen's buffer; an unchecked step's were applied, and the
+  // error says so.
   void abandon_overlap(std::int64_t step) {
     const std::size_t applied = overlap_->abandon();
+    if constexpr (detail::reducer_has_join_parts<reducer_type, towers_type>::value) reducer_->join_parts(*towers_);
     if (applied == 0 || checked_steps(options_)) return;
     detail::fail(detail::current_exception_text(), "; step ", step, " had applied ", applied, " of its ", bucket_count_,
                  " gradient bucket(s) already (an unchecked step applies a bucket once every tower marked it ready): ",

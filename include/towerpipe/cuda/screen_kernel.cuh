@@ -90,6 +90,11 @@ class device_screen {
     screen_kernel<Source, T><<<blocks, screen_warps_per_block * 32, 0, stream.get()>>>(
         source, averaged, device_tiles_.get() + run.first, tiles, tile_sums_.get() + run.first, first_nonfinite_.get());
     TOWERPIPE_CUDA_CHECK(cudaGetLastError());
+    read_key(stream);
+  }
+  // The key as it stands on `stream`, for results().
+  void read_key(const cuda_stream& stream) const {
+    device_guard on(device_);
     TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(host_first_.get(), first_nonfinite_.get(), sizeof(nonfinite_key),
                                          cudaMemcpyDeviceToHost, stream.get()));
   }

@@ -2,7 +2,8 @@
 // One CPU thread that runs posted tasks in order, beside the thread pool: the overlapped reduction
 // (reduce/overlapped_reduction.hpp) reduces buckets on it while the pool's threads run the towers. The
 // thread starts with the first task, not before, so that a pipeline whose towers mark nothing never
-// has it. A task's exception is kept and handed back by drain(), never lost.
+// has it. A task's exception is kept and handed back by drain(), never lost; the tasks after it are
+// dropped until then.
 
 #include <chrono>
 #include <condition_variable>
@@ -72,11 +73,12 @@ class background_worker {
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
       running_ = true;
+      const bool dropped = failure_ != nullptr;  // after a failure the rest are dropped: drain() reports it
       lock.unlock();
       const auto start = std::chrono::steady_clock::now();
       std::exception_ptr failure;
       try {
-        task();
+        if (!dropped) task();
       } catch (...) {
         failure = std::current_exception();
       }

@@ -90,6 +90,13 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
       if (!part.during_towers()) stages.reduce = broadcast_and_wait(towers, "device0 fused average + apply + broadcast");
     }
   }
+  // After a failed step: the bucket passes enqueued on stream_ done, and the towers' next work after them.
+  void join_parts(cuda_towers<Layout>& towers) {
+    device_guard on(root_);
+    end_.record(stream_);
+    for (std::size_t t = 0; t < towers.towers(); ++t) end_.make_wait(towers.stream(t));
+    end_.synchronize();
+  }
   screen_partials begin_screen() {
     device_guard on(root_);
     average_.screen.reset(stream_);
@@ -104,6 +111,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
       launch_tower_screen(average_.screen, stream_, static_cast<int>(towers.towers()), gradients_.const_view(), weights,
                           average_.table.view(), step, run);
     if (part.during_towers()) return;
+    average_.screen.read_key(stream_);  // also when no tile was launched
     end_.record(stream_);
     end_.synchronize();  // the towers may write their gradients again once this returns
     stages.reduce = seconds_between(start_, end_);

@@ -18,8 +18,10 @@
 //
 // Gradient buckets (reduce/overlapped_reduction.hpp): a bucket's gradients come down as soon as every
 // tower's stream has passed the bucket's event, the CPU averages (and in an unchecked step applies) them
-// on the worker thread and the bucket's parameters go up, all while the towers compute; what the towers
-// left then goes through the same pipeline of transfer groups on the thread pool, and finishes the step.
+// and the bucket's parameters go up, all while the towers compute; what the towers left then goes through
+// the same pipeline of transfer groups, and finishes the step. A bucket's host pass runs on a thread
+// pool of the reducer's own: GPU tower functions only enqueue, so the towers' pool is mostly idle while
+// their devices compute, but the main thread holds it until every tower function has returned.
 
 #include <cuda_runtime.h>
 
@@ -58,8 +60,10 @@ class cuda_host_reducer {
   using pinned_buffer = typename Layout::template buffer<cuda_pinned_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
-  cuda_host_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
-      : pass_(variables, h),
+  cuda_host_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
+                    const pipeline_options& options)
+      : bucket_pool_(host_thread_count(options)),
+        pass_(variables, h),
         master_(variables),
         groups_(group_chunks(pass_.chunks(), Policy::group_elements)),
         by_variable_(pass_.chunks(), variables.count()) {
@@ -92,13 +96,19 @@ class cuda_host_reducer {
     return partials;
   }
 
-  // The same over a part of the step (see the top): a bucket on the worker, what the towers left on the pool.
+  // The same over a part of the step (see the top): a bucket on the reducer's pool, what the towers left
+  // on theirs.
   bool overlaps_buckets() const { return true; }
+  // After a failed step: the uploads of the buckets that went are waited for, and the towers' next work
+  // ordered after them.
+  void join_parts(cuda_towers<Layout>& towers) {
+    stage_seconds ignored;
+    finish_uploads(towers, std::chrono::steady_clock::now(), ignored);
+  }
   void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
                               const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    run_part_on(towers.pool(), part, [&](auto& runner) {
-      average_and_apply_groups(towers, transfer_groups(part.variables), part.bucket, runner, weights, constants, stages);
-    });
+    average_and_apply_groups(towers, transfer_groups(part.variables), part.bucket, pool_for(towers, part), weights, constants,
+                             stages);
   }
   screen_partials begin_screen() const {
     screen_partials partials;
@@ -107,9 +117,7 @@ class cuda_host_reducer {
   }
   void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights, const accumulation<T>& step,
                    screen_partials& partials, stage_seconds& stages) {
-    run_part_on(towers.pool(), part, [&](auto& runner) {
-      screen_groups(towers, transfer_groups(part.variables), part.bucket, runner, weights, step, partials, stages);
-    });
+    screen_groups(towers, transfer_groups(part.variables), part.bucket, pool_for(towers, part), weights, step, partials, stages);
   }
 
   // Pass 2: the optimizer on scale * average, group by group, each group going up as soon as it is done.
@@ -160,6 +168,10 @@ class cuda_host_reducer {
       pass_.screen(runner, pass_.chunk_range(groups[g].first, groups[g].last), gradients, weights, step, partials);
     }
     if (bucket == no_bucket) stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  thread_pool& pool_for(cuda_towers<Layout>& towers, const step_part& part) {
+    return part.during_towers() ? bucket_pool_ : towers.pool();
   }
 
   // A part's transfer groups: its runs of chunks, cut at about group_elements.
@@ -266,6 +278,7 @@ class cuda_host_reducer {
     }
   }
 
+  thread_pool bucket_pool_;  // the host passes of buckets that go during the towers
   host_optimizer_pass<Optim, Layout> pass_;
   pinned_buffer master_;
   std::vector<chunk_group> groups_;   // the whole step's transfer groups

@@ -29,8 +29,9 @@ class overlapped_reduction final : public tower_ready_listener {
   // A part of the step (step/buckets.hpp): a bucket, on the worker while the towers run, or what is left
   // after them.
   using part = std::function<void(const step_part&)>;
-  // Told on a tower's thread when that tower has marked all of a bucket that goes during the towers,
-  // before any other tower can see it complete (GPU towers record an event on their stream there).
+  // Told on a tower's thread when that tower has completed a bucket (by its marks, or by returning),
+  // before any other tower can see it complete, while buckets go during the towers (GPU towers record an
+  // event on their stream there, which the bucket's pass waits for).
   using tower_done = std::function<void(std::size_t tower, std::size_t bucket)>;
 
   // `element_bytes`: a gradient element as the towers hold it (for the buckets' byte cap).
@@ -61,10 +62,16 @@ class overlapped_reduction final : public tower_ready_listener {
       reduced_[bucket] = 1;
     });
   }
-  // What the tower left unmarked counts as marked; a bucket it completes waits for finish().
+  // What the tower left unmarked counts as marked. A bucket whose last tower completes it here waits for
+  // finish(); but one this tower completes before another tower's explicit mark completes it goes during
+  // the towers, and must see this tower's completion too (its event, recorded now, after all its work).
   void tower_returned(std::size_t tower, const std::vector<char>& ready) override {
     for (std::size_t v = 0; v < ready.size(); ++v) {
-      if (!ready[v]) readiness_.mark(tower, v);
+      if (ready[v]) continue;
+      const std::size_t bucket = readiness_.mark_for_tower(tower, v);
+      if (bucket == no_bucket) continue;
+      if (during_towers_ && tower_done_) tower_done_(tower, bucket);
+      readiness_.tower_completed(bucket);
     }
   }
 

@@ -43,6 +43,9 @@
 //                                                       pass (and fills stages.reduce, stages.broadcast);
 //                                                       begin_screen() before a checked step's parts;
 //                                                       the others reduce every bucket after the towers
+//   void join_parts(towers&)                            after a failed step: waits for the parts it
+//                                                       enqueued (on devices), and orders the towers'
+//                                                       next work after them
 #include <cstddef>
 #include <type_traits>
 #include <utility>
@@ -104,6 +107,12 @@ struct reducer_reduces_parts<
                     std::declval<Towers&>(), std::declval<const step_part&>(), std::declval<const std::vector<T>&>(),
                     std::declval<const typename Optim::template step_constants<T>&>(), std::declval<stage_seconds&>())),
                 decltype(std::declval<Reducer&>().begin_screen()), decltype(std::declval<const Reducer&>().overlaps_buckets())>>
+    : std::true_type {};
+
+template <class Reducer, class Towers, class = void>
+struct reducer_has_join_parts : std::false_type {};
+template <class Reducer, class Towers>
+struct reducer_has_join_parts<Reducer, Towers, std::void_t<decltype(std::declval<Reducer&>().join_parts(std::declval<Towers&>()))>>
     : std::true_type {};
 
 template <class Reducer, class Towers, class Optim>
