@@ -8,6 +8,7 @@
 
 #include "cnn.hpp"
 #include "mlp.hpp"
+#include "ready_marks.hpp"
 
 namespace towerpipe_examples {
 
@@ -31,10 +32,10 @@ class classifier {
   void initialize(const towerpipe::variable& v, towerpipe::tensor_view<float> values, std::uint64_t& seed) const {
     std::visit([&](const auto& m) { m.initialize(v, values, seed); }, model_);
   }
-  template <class Parameter, class Gradient>
+  template <class Parameter, class Gradient, class Ready = no_ready_marks>
   double loss_and_gradient(const towerpipe::batch_view<float>& images, const towerpipe::batch_view<std::int32_t>& labels,
-                           Parameter&& parameter, Gradient&& gradient) const {
-    return std::visit([&](const auto& m) { return m.loss_and_gradient(images, labels, parameter, gradient); }, model_);
+                           Parameter&& parameter, Gradient&& gradient, Ready ready = {}) const {
+    return std::visit([&](const auto& m) { return m.loss_and_gradient(images, labels, parameter, gradient, ready); }, model_);
   }
   template <class Parameter>
   std::size_t count_correct(const towerpipe::batch_view<float>& images, const towerpipe::batch_view<std::int32_t>& labels,

@@ -26,6 +26,7 @@
 #include <towerpipe/towerpipe.hpp>
 
 #include "gemm.hpp"
+#include "ready_marks.hpp"
 
 namespace towerpipe_examples {
 
@@ -89,10 +90,11 @@ class cnn {
   }
 
   // Mean cross-entropy over `examples` images; writes its gradient with respect to every variable into
-  // gradient(i) (variable i in variables() order). parameter(i) gives variable i's values.
-  template <class Parameter, class Gradient>
+  // gradient(i) (variable i in variables() order). parameter(i) gives variable i's values; ready(i) is
+  // called as each layer's variables are done (ready_marks.hpp).
+  template <class Parameter, class Gradient, class Ready = no_ready_marks>
   double loss_and_gradient(const Real* images, const std::int32_t* labels, std::size_t examples, Parameter&& parameter,
-                           Gradient&& gradient) const {
+                           Gradient&& gradient, Ready ready = {}) const {
     activations act = forward(images, examples, parameter);
     const int batch = static_cast<int>(examples), classes_count = static_cast<int>(a_.classes);
     double loss = 0.0;
@@ -105,15 +107,23 @@ class cnn {
       row[label] -= Real(1);
       for (int c = 0; c < classes_count; ++c) row[c] /= static_cast<Real>(batch);
     }
+    // A layer's weight (variable `weight`) and bias are done.
+    const auto layer_done = [&](std::size_t weight) {
+      ready(weight);
+      ready(weight + 1);
+    };
     // The three fully connected layers, last first; dense_backward leaves the input's gradient in delta.
     std::vector<Real> previous;
     dense_backward(act.fc2, a_.fc2, a_.classes, delta, parameter(8), gradient(8), gradient(9), batch, &previous);
+    layer_done(8);
     relu_backward(previous, act.fc2);
     delta.swap(previous);
     dense_backward(act.fc1, a_.fc1, a_.fc2, delta, parameter(6), gradient(6), gradient(7), batch, &previous);
+    layer_done(6);
     relu_backward(previous, act.fc1);
     delta.swap(previous);
     dense_backward(act.pooled2, flattened(), a_.fc1, delta, parameter(4), gradient(4), gradient(5), batch, &previous);
+    layer_done(4);
     // The convolutions, one example at a time.
     const std::size_t half = a_.side / 2, quarter = a_.side / 4;
     const std::size_t map1 = a_.side * a_.side, map2 = half * half;
@@ -135,13 +145,16 @@ class cnn {
       conv_backward(images + e * inputs(), a_.channels, a_.side, a_.conv1, d_conv1.data(), parameter(0), gradient(0),
                     gradient(1), nullptr, columns, d_columns);
     }
+    // The convolutions' gradients are sums over the examples of that loop: done only after it.
+    layer_done(2);
+    layer_done(0);
     return loss / static_cast<double>(batch);
   }
 
-  template <class Parameter, class Gradient>
+  template <class Parameter, class Gradient, class Ready = no_ready_marks>
   double loss_and_gradient(const towerpipe::batch_view<Real>& images, const towerpipe::batch_view<std::int32_t>& labels,
-                           Parameter&& parameter, Gradient&& gradient) const {
-    return loss_and_gradient(row_major(images), labels.data(), images.examples(), parameter, gradient);
+                           Parameter&& parameter, Gradient&& gradient, Ready ready = {}) const {
+    return loss_and_gradient(row_major(images), labels.data(), images.examples(), parameter, gradient, ready);
   }
 
   // Examples whose most probable class is their label.

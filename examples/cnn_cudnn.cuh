@@ -104,9 +104,10 @@ class gpu_cnn_workspace {
   gpu_cnn_workspace(const gpu_cnn_workspace&) = delete;
   gpu_cnn_workspace& operator=(const gpu_cnn_workspace&) = delete;
 
-  // One tower's forward and backward on its stream; the mean loss goes to tower.device_loss().
-  template <class Context>
-  void train_step(Context& tower) {
+  // One tower's forward and backward on its stream; the mean loss goes to tower.device_loss(); ready(i)
+  // as each layer's variables are done (ready_marks.hpp).
+  template <class Context, class Ready>
+  void train_step(Context& tower, Ready&& ready) {
     const auto images = tower.template input<float>("image");
     const auto labels = tower.template input<std::int32_t>("label");
     const int batch = static_cast<int>(images.examples());
@@ -120,18 +121,22 @@ class gpu_cnn_workspace {
         <<<1, kernels::channel_sum_threads, 0, stream>>>(tower.device_loss(), losses_.get(), batch, 1, 1, static_cast<float>(batch));
     dense_backward_pass(cublas_, stream, dense_layers_, dense_[0].get(), batch, [&](std::size_t i) { return parameter(4 + i); },
                         [&](std::size_t i) { return gradient(4 + i); }, dense_, delta, spare_a_.get(), spare_b_.get(),
-                        d_dense_input_.get());
+                        d_dense_input_.get(), [&](std::size_t i) { ready(4 + i); });
     const shapes& s = shapes_for(batch);
     // pool2 -> ReLU -> conv2, whose input is pool1's output.
     pool_backward(s.conv2, conv2_.get(), s.pooled2, dense_[0].get(), d_dense_input_.get(), d_conv2_.get());
     relu_backward(d_conv2_.get(), conv2_.get(), batch * static_cast<int>(a_.conv2 * a_.side * a_.side / 4));
     conv_backward(s.pooled1, pooled1_.get(), filter2_, parameter(2), s.conv2, d_conv2_.get(), s.backward2, gradient(2),
                   gradient(3), static_cast<int>(a_.conv2), batch, static_cast<int>(a_.side * a_.side / 4), d_pooled1_.get());
+    ready(2);
+    ready(3);
     // pool1 -> ReLU -> conv1, whose input is the image (no input gradient needed).
     pool_backward(s.conv1, conv1_.get(), s.pooled1, pooled1_.get(), d_pooled1_.get(), d_conv1_.get());
     relu_backward(d_conv1_.get(), conv1_.get(), batch * static_cast<int>(a_.conv1 * a_.side * a_.side));
     conv_backward(s.images, images.data(), filter1_, parameter(0), s.conv1, d_conv1_.get(), s.backward1, gradient(0),
                   gradient(1), static_cast<int>(a_.conv1), batch, static_cast<int>(a_.side * a_.side), nullptr);
+    ready(0);
+    ready(1);
   }
 
   // The logits of `batch` (<= max_examples) examples at `input`, on `stream` (training and gpu_evaluator).

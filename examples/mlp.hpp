@@ -15,6 +15,7 @@
 #include <towerpipe/towerpipe.hpp>
 
 #include "gemm.hpp"
+#include "ready_marks.hpp"
 
 namespace towerpipe_examples {
 
@@ -61,10 +62,11 @@ class mlp {
   }
 
   // Mean cross-entropy over the examples; writes its gradient with respect to every variable into
-  // gradient(i) (variable i in variables() order). parameter(i) gives variable i's values.
-  template <class Parameter, class Gradient>
+  // gradient(i) (variable i in variables() order). parameter(i) gives variable i's values; ready(i) is
+  // called as each layer's variables are done (ready_marks.hpp).
+  template <class Parameter, class Gradient, class Ready = no_ready_marks>
   double loss_and_gradient(const towerpipe::batch_view<float>& images, const towerpipe::batch_view<std::int32_t>& labels,
-                           Parameter&& parameter, Gradient&& gradient) const {
+                           Parameter&& parameter, Gradient&& gradient, Ready ready = {}) const {
     const int batch = static_cast<int>(images.examples());
     std::vector<std::vector<float>> activation = forward(images, parameter);
     std::vector<float>& probabilities = activation.back();
@@ -79,6 +81,10 @@ class mlp {
     }
     std::vector<float> delta = std::move(probabilities), previous;
     const float scale = 1.0f / static_cast<float>(batch);
+    const auto layer_done = [&](std::size_t k) {
+      ready(2 * k);
+      ready(2 * k + 1);
+    };
     for (std::size_t k = layers_.size() - 1; k-- > 0;) {
       const int in = static_cast<int>(layers_[k]), out = static_cast<int>(layers_[k + 1]);
       const float* input = k == 0 ? images.data() : activation[k].data();
@@ -88,9 +94,13 @@ class mlp {
       for (int e = 0; e < batch; ++e) {
         for (int o = 0; o < out; ++o) bias_gradient[o] += scale * delta[static_cast<std::size_t>(e * out + o)];
       }
-      if (k == 0) break;
+      if (k == 0) {
+        layer_done(0);  // the images need no gradient: the weight is not read again
+        break;
+      }
       previous.assign(static_cast<std::size_t>(batch) * static_cast<std::size_t>(in), 0.0f);
       gemm(false, false, batch, in, out, 1.0f, delta.data(), out, parameter(2 * k), in, 0.0f, previous.data(), in);
+      layer_done(k);  // the weight's last read: the delta it propagated to layer k - 1
       const std::vector<float>& h = activation[k];
       for (std::size_t i = 0; i < previous.size(); ++i) {
         if (h[i] <= 0.0f) previous[i] = 0.0f;  // ReLU

@@ -123,12 +123,17 @@ void forward_pass(cublasHandle_t handle, cudaStream_t stream, const std::vector<
 
 // The backward pass of forward_pass's layers from delta (the logits' gradient of the mean loss, which
 // it overwrites): gradient(i) for every variable, and, where input_gradient is given, the gradient with
-// respect to the input. spare_a and spare_b: scratch of batch x the widest layer each.
-template <class Parameter, class Gradient>
+// respect to the input. spare_a and spare_b: scratch of batch x the widest layer each. ready(i) as each
+// layer's variables are done (ready_marks.hpp), once the work that last uses them is enqueued.
+template <class Parameter, class Gradient, class Ready>
 void dense_backward_pass(cublasHandle_t handle, cudaStream_t stream, const std::vector<std::size_t>& layers,
                          const float* input, int batch, Parameter&& parameter, Gradient&& gradient,
                          const std::vector<towerpipe::cuda_device_memory::owner<float>>& activations, float* delta,
-                         float* spare_a, float* spare_b, float* input_gradient) {
+                         float* spare_a, float* spare_b, float* input_gradient, Ready&& ready) {
+  const auto layer_done = [&](std::size_t k) {
+    ready(2 * k);
+    ready(2 * k + 1);
+  };
   for (std::size_t k = layers.size() - 1; k-- > 0;) {
     const int in = static_cast<int>(layers[k]), out = static_cast<int>(layers[k + 1]);
     const float* from = k == 0 ? input : activations[k].get();
@@ -138,10 +143,12 @@ void dense_backward_pass(cublasHandle_t handle, cudaStream_t stream, const std::
     if (k == 0) {
       if (input_gradient != nullptr)
         gemm_rowmajor(handle, false, false, batch, in, out, 1.0f, delta, out, parameter(0), in, 0.0f, input_gradient, in);
+      layer_done(0);
       break;
     }
     float* next = delta == spare_a ? spare_b : spare_a;
     gemm_rowmajor(handle, false, false, batch, in, out, 1.0f, delta, out, parameter(2 * k), in, 0.0f, next, in);
+    layer_done(k);  // the weight's last read: the delta it propagated to layer k - 1
     kernels::relu_backward<<<kernels::blocks(batch * in), 256, 0, stream>>>(next, activations[k].get(), batch * in);
     delta = next;
   }
@@ -166,9 +173,10 @@ class gpu_mlp_workspace {
   gpu_mlp_workspace(const gpu_mlp_workspace&) = delete;
   gpu_mlp_workspace& operator=(const gpu_mlp_workspace&) = delete;
 
-  // One tower's forward and backward on its stream; the mean loss goes to tower.device_loss().
-  template <class Context>
-  void train_step(Context& tower) {
+  // One tower's forward and backward on its stream; the mean loss goes to tower.device_loss(); ready(i)
+  // as each layer's variables are done (ready_marks.hpp).
+  template <class Context, class Ready>
+  void train_step(Context& tower, Ready&& ready) {
     const auto images = tower.template input<float>("image");
     const auto labels = tower.template input<std::int32_t>("label");
     const int batch = static_cast<int>(images.examples());
@@ -185,7 +193,7 @@ class gpu_mlp_workspace {
         <<<1, kernels::channel_sum_threads, 0, stream>>>(tower.device_loss(), losses_.get(), batch, 1, 1, static_cast<float>(batch));
     dense_backward_pass(handle_, stream, layers_, images.data(), batch, [&](std::size_t i) { return tower.parameter(i).data(); },
                         [&](std::size_t i) { return tower.gradient(i).data(); }, activations_, delta, previous_.get(),
-                        delta_.get(), nullptr);
+                        delta_.get(), nullptr, ready);
   }
 
   // The logits of `batch` (<= max_examples) examples at `input`, on `stream` (for gpu_evaluator).

@@ -18,12 +18,13 @@ template <>
 struct tower_program<exec::cuda> {
   const classifier& model;
   std::size_t max_examples;
+  bool mark_ready;  // the marks only validate for now: GPU towers reduce every bucket after the towers
   std::vector<std::unique_ptr<gpu_mlp_workspace>> mlps;
 #if defined(TOWERPIPE_EXAMPLES_CUDNN)
   std::vector<std::unique_ptr<gpu_cnn_workspace>> cnns;
 #endif
   tower_program(const classifier& m, const options& o)
-      : model(m), max_examples((o.batch_size + o.towers - 1) / o.towers), mlps(o.towers) {
+      : model(m), max_examples((o.batch_size + o.towers - 1) / o.towers), mark_ready(o.overlap), mlps(o.towers) {
 #if defined(TOWERPIPE_EXAMPLES_CUDNN)
     cnns.resize(o.towers);
 #endif
@@ -34,12 +35,12 @@ struct tower_program<exec::cuda> {
     if (const cnn<float>* network = model.as_cnn()) {
       auto& workspace = cnns[tower.tower()];
       if (!workspace) workspace = std::make_unique<gpu_cnn_workspace>(network->architecture(), max_examples, tower.device());
-      return workspace->train_step(tower);
+      return workspace->train_step(tower, ready_marks(tower, mark_ready));
     }
 #endif
     auto& workspace = mlps[tower.tower()];
     if (!workspace) workspace = std::make_unique<gpu_mlp_workspace>(model.as_mlp()->layers(), max_examples, tower.device());
-    workspace->train_step(tower);
+    workspace->train_step(tower, ready_marks(tower, mark_ready));
   }
 };
 

@@ -41,6 +41,9 @@ struct options {
   std::uint64_t seed = 1;
   std::string timeline_path, metrics_path, checkpoint_dir, data_dir = "/usr/share/datasets/fashion-mnist";
   bool resume = false, compare_backends = false;
+  // The towers mark each layer's gradients ready as its backward finishes, and buckets are reduced while
+  // they run; --no-overlap: no marks, every bucket after the towers (the same bits).
+  bool overlap = true;
   // --ranks: this process is rank `rank` of `processes` started by mpirun (reduce::sharded over group).
   bool ranks = false;
   int rank = 0, processes = 1;
@@ -141,11 +144,20 @@ struct batch_buffers {
 // What one run of training ends with: the figures of --compare-backends' table.
 struct run_result {
   std::string backend, layout;
+  bool overlap = true;
   double examples_per_second = 0, median_ms = 0, p99_ms = 0;
   double reduce_share = 0;  // (reduce + broadcast) / the whole step, averaged over the run
+  double hidden_share = 0;  // of the reduction's time, the part hidden behind the towers (hidden_share below)
   double accuracy = 0;
   std::uint64_t checksum = 0;
 };
+
+// Of the reduction's time, the part hidden behind the towers (reduced on a thread of its own as their
+// backward passes marked the buckets ready).
+inline double hidden_share(const stage_seconds& totals) {
+  const double all = totals.reduce_during_towers + totals.reduce;
+  return all > 0 ? totals.reduce_during_towers / all : 0.0;
+}
 
 // GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, and the training
 // with GPU towers for one optimizer and layout (backend from o.backend).
@@ -153,17 +165,45 @@ int visible_gpus();
 template <class Optim, class Layout>
 run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h);
 
+// One gradient bucket per layer (the variables "<layer>.weight" and "<layer>.bias"), the last layer's
+// first: the models mark a layer's variables ready together (ready_marks.hpp), so each bucket can be
+// reduced as soon as its layer's backward is done. (The default 25 MiB cap would make one bucket of
+// these small models, ready only when the whole backward pass is.)
+inline gradient_buckets per_layer_buckets(const variable_set& variables) {
+  gradient_buckets buckets;
+  std::string layer;
+  for (std::size_t v = variables.count(); v-- > 0;) {
+    const std::string& name = variables[v].name;
+    const std::string prefix = name.substr(0, name.rfind('.'));
+    if (buckets.groups.empty() || prefix != layer) buckets.groups.emplace_back();
+    buckets.groups.back().push_back(name);
+    layer = prefix;
+  }
+  return buckets;
+}
+
+// What a tower's backward pass calls as each variable is done: tower.gradient_ready(i) where `mark`,
+// else nothing (--no-overlap).
+template <class Context>
+auto ready_marks(Context& tower, bool mark) {
+  return [&tower, mark](std::size_t i) {
+    if (mark) tower.gradient_ready(i);
+  };
+}
+
 // How one tower computes its gradients: host towers through the model's own code (OpenBLAS), GPU towers
 // through mlp_cuda.cuh or cnn_cudnn.cuh (train_gpu.cu specialises this).
 template <class Exec>
 struct tower_program {
   const classifier& model;
-  tower_program(const classifier& m, const options&) : model(m) {}
+  bool mark_ready;
+  tower_program(const classifier& m, const options& o) : model(m), mark_ready(o.overlap) {}
   template <class Context>
   double operator()(Context& tower) const {
     return model.loss_and_gradient(
         tower.template input<float>("image"), tower.template input<std::int32_t>("label"),
-        [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); });
+        [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); },
+        ready_marks(tower, mark_ready));
   }
 };
 
@@ -175,6 +215,8 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   pipeline_options pipeline_opts;
   pipeline_opts.devices = o.devices;
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
+  pipeline_opts.buckets = per_layer_buckets(model.variables());
+  pipeline_opts.overlap_reduction = o.overlap;
   if constexpr (std::is_same_v<Reduce, reduce::sharded>) pipeline_opts.processes = o.group;
   // Checked before the pipeline allocates anything: a batch gives every tower of every process an example.
   if (o.batch_size < o.towers * static_cast<std::size_t>(o.processes))
@@ -251,6 +293,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   std::size_t total_examples = 0, total_steps = 0;
   const long long all_steps = static_cast<long long>(o.epochs * batches_per_epoch);
   stage_seconds stage_totals;
+  std::size_t buckets = 1, buckets_during_towers = 0;  // a step's buckets; those reduced during the towers, over the run
   step_times run_times;
   // The log interval: examples, loss and wall time since the last progress line.
   std::size_t interval_steps = 0, interval_examples = 0;
@@ -271,6 +314,9 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
       stage_totals.towers += stats.stages.towers;
       stage_totals.reduce += stats.stages.reduce;
       stage_totals.broadcast += stats.stages.broadcast;
+      stage_totals.reduce_during_towers += stats.stages.reduce_during_towers;
+      buckets = stats.buckets;
+      buckets_during_towers += stats.buckets_during_towers;
       epoch_times.seconds.push_back(stats.seconds);
       run_times.seconds.push_back(stats.seconds);
       ++interval_steps;
@@ -323,10 +369,20 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
     std::printf("stages, mean per step: split %.3f ms, towers %.3f ms, reduce %.3f ms, broadcast %.3f ms\n",
                 stage_totals.split * per_step_ms, stage_totals.towers * per_step_ms, stage_totals.reduce * per_step_ms,
                 stage_totals.broadcast * per_step_ms);
+    if (o.overlap)
+      std::printf("overlap: %.1f of %zu gradient buckets a step reduced during the towers (worker %.3f ms a step), "
+                  "reduce %.3f ms after them: %.0f%% of the reduction's time hidden\n",
+                  static_cast<double>(buckets_during_towers) / static_cast<double>(total_steps), buckets,
+                  stage_totals.reduce_during_towers * per_step_ms, stage_totals.reduce * per_step_ms,
+                  100.0 * hidden_share(stage_totals));
+    else
+      std::printf("overlap: off (--no-overlap): every gradient bucket reduced after the towers\n");
   }
   run_result result;
   result.backend = Reduce::name;
   result.layout = Layout::name;
+  result.overlap = o.overlap;
+  result.hidden_share = hidden_share(stage_totals);
   result.examples_per_second = total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0;
   if (run_times.enough()) {
     result.median_ms = run_times.quantile_ms(0.5);

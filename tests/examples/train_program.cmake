@@ -1,7 +1,8 @@
 # The training program end to end, on GENERATED data (CI has no Fashion-MNIST): it trains, every
 # optimizer x layout runs, bad flags and files give a one-line error and a non-zero exit, the
-# timeline holds every stage of every step, and resuming from a checkpoint ends bitwise where the
-# uninterrupted run ends. Run as: cmake -DTRAIN=<path> -DWORK=<dir> -P train_program.cmake
+# timeline holds every stage of every step, the gradient buckets reduced during the towers change no
+# bit (--no-overlap), and resuming from a checkpoint ends bitwise where the uninterrupted run ends.
+# Run as: cmake -DTRAIN=<path> -DWORK=<dir> -P train_program.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 set(small --generated 600 --batch-size 40 --log-every 1000)
@@ -19,6 +20,68 @@ function(final_field output regex out_var)
     message(FATAL_ERROR "no match for '${regex}' in:\n${output}")
   endif()
   set(${out_var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()
+
+# A time of a Chrome trace as string(JSON) reads it (microseconds, "5890.5299999999997") in whole
+# microseconds.
+function(whole_microseconds text out_var)
+  if(NOT text MATCHES "^([0-9]+)(\\.[0-9]*)?$")
+    message(FATAL_ERROR "timeline: '${text}' is not a time")
+  endif()
+  set(${out_var} ${CMAKE_MATCH_1} PARENT_SCOPE)
+endfunction()
+
+# Whether a span of row "reduce (during towers)" in a Chrome trace begins inside a span of a tower row
+# of the same step: a gradient bucket reduced while a tower still computed.
+function(bucket_inside_towers trace_file out_var)
+  file(READ ${trace_file} trace)
+  string(JSON count LENGTH "${trace}" traceEvents)
+  math(EXPR last "${count} - 1")
+  set(tower_tids "")
+  set(towers "")   # "step:begin:end" of every tower span
+  set(buckets "")  # "step:begin" of every bucket span
+  foreach(i RANGE ${last})
+    string(JSON kind GET "${trace}" traceEvents ${i} ph)
+    string(JSON tid GET "${trace}" traceEvents ${i} tid)
+    string(JSON name GET "${trace}" traceEvents ${i} name)
+    if(kind STREQUAL "M" AND name STREQUAL "thread_name")
+      string(JSON row GET "${trace}" traceEvents ${i} args name)
+      if(row MATCHES "^tower [0-9]+$")
+        list(APPEND tower_tids ${tid})
+      elseif(row STREQUAL "reduce (during towers)")
+        set(bucket_tid ${tid})
+      endif()
+    elseif(kind STREQUAL "X")
+      string(JSON step GET "${trace}" traceEvents ${i} args step)
+      string(JSON ts GET "${trace}" traceEvents ${i} ts)
+      whole_microseconds(${ts} begin)
+      list(FIND tower_tids ${tid} tower)
+      if(tower GREATER -1)
+        string(JSON dur GET "${trace}" traceEvents ${i} dur)
+        whole_microseconds(${dur} length)
+        math(EXPR end "${begin} + ${length} + 1")
+        list(APPEND towers "${step}:${begin}:${end}")
+      elseif(DEFINED bucket_tid AND tid EQUAL bucket_tid)
+        list(APPEND buckets "${step}:${begin}")
+      endif()
+    endif()
+  endforeach()
+  foreach(bucket IN LISTS buckets)
+    string(REPLACE ":" ";" b "${bucket}")
+    list(GET b 0 step)
+    list(GET b 1 begin)
+    foreach(tower IN LISTS towers)
+      string(REPLACE ":" ";" t "${tower}")
+      list(GET t 0 tower_step)
+      list(GET t 1 tower_begin)
+      list(GET t 2 tower_end)
+      if(step EQUAL tower_step AND NOT begin LESS tower_begin AND begin LESS tower_end)
+        set(${out_var} TRUE PARENT_SCOPE)
+        return()
+      endif()
+    endforeach()
+  endforeach()
+  set(${out_var} FALSE PARENT_SCOPE)
 endfunction()
 
 # It trains: accuracy far above chance (10%) after 3 epochs, and rises from the first epoch. Flags
@@ -85,8 +148,11 @@ foreach(optimizer sgd momentum adam adamw)
 endforeach()
 
 # The tutorial's CNN trains on host towers (its gradients are checked against finite differences in
-# tests/host/test_example_cnn.cpp): the loss falls from the first progress line to the last.
-run_train(out 0 --model cnn --cpu-towers --generated 640 --batch-size 64 --epochs 2 --log-every 2 --lr 0.0003)
+# tests/host/test_example_cnn.cpp): the loss falls from the first progress line to the last. Its dense
+# layers' buckets are reduced while the convolutions' backward runs (tens of milliseconds), which the
+# timeline shows: a span of row "reduce (during towers)" inside a tower's compute span.
+run_train(out 0 --model cnn --cpu-towers --generated 640 --batch-size 64 --epochs 2 --log-every 2 --lr 0.0003
+          --timeline ${WORK}/cnn_trace.json)
 if(NOT out MATCHES "model: CNN conv5x5x64-pool-conv5x5x64-pool-fc384-fc192-fc10, 1384586 parameters")
   message(FATAL_ERROR "--model cnn must train the tutorial's network:\n${out}")
 endif()
@@ -95,13 +161,24 @@ final_field("${out}" "step 20/20, loss = ([0-9.]+)" cnn_last)
 if(NOT cnn_last LESS cnn_first)
   message(FATAL_ERROR "the CNN's loss went from ${cnn_first} to ${cnn_last}: not learning\n${out}")
 endif()
+bucket_inside_towers(${WORK}/cnn_trace.json inside)
+if(NOT inside OR NOT out MATCHES "overlap: 5.0 of 5 gradient buckets a step reduced during the towers")
+  message(FATAL_ERROR "the CNN's gradient buckets were not reduced while its towers ran (${WORK}/cnn_trace.json):\n${out}")
+endif()
 
 # --compare-backends: the same training through every backend and layout the towers allow, one table,
-# every run ending with the same parameter bits (host towers: reduce::host with both layouts).
+# every run ending with the same parameter bits (host towers: reduce::host with both layouts, with and
+# without the overlap, and reduce::sharded).
 run_train(out 0 --cpu-towers --compare-backends --generated 200 --batch-size 20 --epochs 1 --towers 3)
-if(NOT out MATCHES "\\| host \\| flat \\| [0-9]+ \\| [0-9.]+ \\| [0-9.]+ \\| [0-9.]+% \\| [0-9.]+% \\| [0-9a-f]+ \\|" OR
-   NOT out MATCHES "\\| host \\| per_variable \\|" OR NOT out MATCHES "checksums: all equal")
-  message(FATAL_ERROR "--compare-backends must print a row per backend and layout, with equal checksums:\n${out}")
+set(figures "[0-9]+ \\| [0-9.]+ \\| [0-9.]+ \\| [0-9.]+% \\| [0-9]+% \\| [0-9.]+% \\| [0-9a-f]+ \\|")
+foreach(row "host \\| flat \\| on" "host \\| flat \\| off" "sharded \\| flat \\| on"
+            "host \\| per_variable \\| on" "host \\| per_variable \\| off" "sharded \\| per_variable \\| on")
+  if(NOT out MATCHES "\n\\| ${row} \\| ${figures}\n")
+    message(FATAL_ERROR "--compare-backends must print a row '${row}':\n${out}")
+  endif()
+endforeach()
+if(NOT out MATCHES "checksums: all equal")
+  message(FATAL_ERROR "--compare-backends must end every run with the same checksum:\n${out}")
 endif()
 
 # Bad input: one line, non-zero.
@@ -164,13 +241,28 @@ if(NOT out MATCHES "^train: --checkpoint .*: cannot create or write the director
   message(FATAL_ERROR "an unwritable --checkpoint must fail before training: ${out}")
 endif()
 
-# The timeline: a complete span per stage and tower, every step.
-run_train(out 0 ${small} --epochs 1 --towers 2 --timeline ${WORK}/trace.json)
-file(READ ${WORK}/trace.json trace)
-string(JSON events LENGTH "${trace}" traceEvents)
-# 600 / 40 = 15 steps x (split + 2 towers + reduce), plus a name and a sort index for each of 4 rows.
-if(NOT events EQUAL 68)
-  message(FATAL_ERROR "timeline has ${events} events, expected 68")
+# The timeline: a complete span per stage and tower, every step, and one per gradient bucket reduced
+# while the towers ran (the MLP's three layers: every bucket is marked before the towers return).
+# --no-overlap reduces them after the towers — no such spans — and ends with the same bits.
+run_train(overlapped 0 ${small} --epochs 1 --towers 2 --timeline ${WORK}/trace.json)
+run_train(serial 0 ${small} --epochs 1 --towers 2 --timeline ${WORK}/serial_trace.json --no-overlap)
+foreach(run "trace|115" "serial_trace|68")
+  string(REPLACE "|" ";" run "${run}")
+  list(GET run 0 name)
+  list(GET run 1 expected)
+  file(READ ${WORK}/${name}.json trace)
+  string(JSON events LENGTH "${trace}" traceEvents)
+  # 600 / 40 = 15 steps x (split + 2 towers + reduce [+ 3 buckets]), plus a name and a sort index for
+  # each of 4 [5] rows.
+  if(NOT events EQUAL expected)
+    message(FATAL_ERROR "${name}.json has ${events} events, expected ${expected}")
+  endif()
+endforeach()
+final_field("${overlapped}" "parameters checksum ([0-9a-f]+)" a)
+final_field("${serial}" "parameters checksum ([0-9a-f]+)" b)
+if(NOT a STREQUAL b OR NOT overlapped MATCHES "overlap: 3.0 of 3 gradient buckets a step reduced during the towers" OR
+   NOT serial MATCHES "overlap: off \\(--no-overlap\\)")
+  message(FATAL_ERROR "--no-overlap ends at ${b}, the overlapped run at ${a}:\n${overlapped}\n${serial}")
 endif()
 
 # Resume: 2 epochs straight equal 1 epoch, a checkpoint, then 1 more epoch resumed — bitwise. The

@@ -1,6 +1,7 @@
 // Data-parallel equivalence (README.md, invariant 3): N towers on a batch of B train a real small
 // model (examples/mlp.hpp, hand-written forward and backward) to the same parameters, within float
-// rounding, as one tower on the whole batch — also for uneven batches split with weights b_i / B.
+// rounding, as one tower on the whole batch — also for uneven batches split with weights b_i / B; and
+// the model's backward pass marks each layer ready as it finishes it, which changes no bit.
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backward_log.hpp"
 #include "mlp.hpp"
 #include "test_support.hpp"
 
@@ -39,12 +41,16 @@ struct outcome {
   double first_loss = 0, last_loss = 0;
 };
 
-outcome train(std::size_t towers, const data& d, std::size_t batch_size, int steps, split_policy policy) {
+// With `mark_ready`, the towers mark each layer's gradients ready as its backward finishes, and every
+// variable is a bucket of its own, reduced while the towers run.
+outcome train(std::size_t towers, const data& d, std::size_t batch_size, int steps, split_policy policy,
+              bool mark_ready = false) {
   optim::sgd::hyper_parameters h;
   h.lr = 0.1;
   h.momentum = 0.9;
   pipeline_options options;
   options.split = policy;
+  if (mark_ready) options.buckets.cap_bytes = 1;
   trainer p(model.variables(), model.input_specs(), towers, h, options);
   std::uint64_t seed = 7;
   p.initialize([&](const variable& v, tensor_view<float> values) { model.initialize(v, values, seed); });
@@ -58,7 +64,10 @@ outcome train(std::size_t towers, const data& d, std::size_t batch_size, int ste
     const step_stats stats = p.step(b, [&](trainer::tower_context& tower) {
       return model.loss_and_gradient(
           tower.input<float>("image"), tower.input<std::int32_t>("label"),
-          [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); });
+          [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); },
+          [&](std::size_t i) {
+            if (mark_ready) tower.gradient_ready(i);
+          });
     });
     if (s == 0) result.first_loss = stats.loss;
     result.last_loss = stats.loss;
@@ -129,4 +138,40 @@ TEST_CASE("drop_remainder: N towers equal one tower on the examples kept, not on
                           d.labels.begin() + static_cast<long>(b * 23 + 20));
   }
   CHECK(max_relative_difference(dropped, train(1, first20, 20, 25, split_policy::weighted)) < rounding_tolerance);
+}
+
+TEST_CASE("the MLP marks each layer ready once, right after its backward is done with it", "[data_parallel]") {
+  random_source random(53);
+  INFO("seed " << random.seed());
+  const towerpipe_examples::mlp deeper({6, 8, 7, 4});
+  const data d{random.normal(5 * deeper.inputs()), {0, 3, 1, 2, 3}};
+  const variable_set variables = deeper.variables();
+  std::vector<std::vector<float>> parameters, gradients;
+  for (std::size_t v = 0; v < variables.count(); ++v) {
+    parameters.push_back(random.normal(variables[v].size));
+    gradients.emplace_back(variables[v].size);
+  }
+  batch b;
+  b.add("image", d.images.data(), d.labels.size(), {deeper.inputs()});
+  b.add("label", d.labels.data(), d.labels.size(), {});
+  towerpipe_tests::backward_log log;
+  deeper.loss_and_gradient(b.input<float>("image"), b.input<std::int32_t>("label"), log.access(parameters),
+                           log.access(gradients), log.ready());
+  CHECK(log.marks() == std::vector<std::size_t>{4, 5, 2, 3, 0, 1});  // last layer first, weight before bias
+  CHECK(log.touched_after_mark().empty());
+  for (std::size_t v = 0; v < variables.count(); ++v) {
+    // Nothing of another layer was touched between v's last use and its mark.
+    for (std::size_t other : log.touched_before_mark(v)) CHECK(other / 2 == v / 2);
+  }
+}
+
+TEST_CASE("N towers marking the MLP's layers ready end bitwise where unmarked towers do", "[data_parallel]") {
+  random_source random(54);
+  INFO("seed " << random.seed());
+  const data d = draw_data(random, 230);
+  for (std::size_t towers : {1, 3}) {
+    INFO(towers << " towers");
+    const outcome marked = train(towers, d, 23, 10, split_policy::weighted, true);
+    CHECK(marked.parameters == train(towers, d, 23, 10, split_policy::weighted).parameters);
+  }
 }

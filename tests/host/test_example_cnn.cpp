@@ -1,6 +1,7 @@
 // The training program's CNN (examples/cnn.hpp) on host towers: its loss against a direct
-// convolution written here (no im2col, no GEMM), and every gradient element against central finite
-// differences of that loss, in double on a small architecture.
+// convolution written here (no im2col, no GEMM), every gradient element against central finite
+// differences of that loss, in double on a small architecture, and where its backward pass marks
+// each layer's gradients ready.
 
 #include <catch2/catch.hpp>
 
@@ -9,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "backward_log.hpp"
 #include "cnn.hpp"
 
 namespace {
@@ -166,4 +168,25 @@ TEST_CASE("example cnn: every gradient element matches central finite difference
   }
   CHECK(checked == p.model.variables().total_size());
   CHECK(nonzero > checked / 2);  // the check is not vacuous: most parameters move the loss
+}
+
+TEST_CASE("example cnn: each layer marked ready once, as its backward pass is done with it", "[examples][cnn]") {
+  problem p;
+  std::vector<std::vector<double>> gradients(p.parameters.size());
+  for (std::size_t v = 0; v < gradients.size(); ++v) gradients[v].resize(p.parameters[v].size());
+  towerpipe_tests::backward_log log;
+  p.model.loss_and_gradient(p.images.data(), p.labels.data(), p.labels.size(), log.access(p.parameters),
+                            log.access(gradients), log.ready());
+  // fc3, fc2, fc1, then the convolutions, weight before bias.
+  CHECK(log.marks() == std::vector<std::size_t>{8, 9, 6, 7, 4, 5, 2, 3, 0, 1});
+  CHECK(log.touched_after_mark().empty());
+  // A dense layer is marked before anything of the next layer down is touched; the convolutions'
+  // gradients are sums over the examples, one example's conv2 and conv1 at a time, so conv2 waits for
+  // the last example's conv1.
+  for (std::size_t weight : {8, 6, 4, 0}) {
+    for (std::size_t v : {weight, weight + 1}) {
+      for (std::size_t other : log.touched_before_mark(v)) CHECK((other == weight || other == weight + 1));
+    }
+  }
+  for (std::size_t other : log.touched_before_mark(2)) CHECK(other <= 3);
 }
