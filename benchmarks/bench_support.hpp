@@ -98,6 +98,7 @@ struct options {
   std::string shapes_dir = default_shapes_dir();
   std::vector<std::size_t> towers{1, 2, 4, 8};
   int repetitions = 20;
+  std::string only;  // --only SECTION: one section of the rows (benchmarks that have sections); empty: all
 };
 
 inline std::vector<std::size_t> parse_list(const std::string& text) {
@@ -108,7 +109,8 @@ inline std::vector<std::size_t> parse_list(const std::string& text) {
   return values;
 }
 
-inline options parse_options(int argc, char** argv, const char* usage) {
+// `sections`: the values --only takes; none: the benchmark takes no --only.
+inline options parse_options(int argc, char** argv, const char* usage, const std::vector<std::string>& sections = {}) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -126,6 +128,11 @@ inline options parse_options(int argc, char** argv, const char* usage) {
     else if (flag == "--shapes-dir") o.shapes_dir = value;
     else if (flag == "--towers") o.towers = parse_list(value);
     else if (flag == "--repetitions") o.repetitions = std::stoi(value);
+    else if (flag == "--only" && !sections.empty()) {
+      if (std::find(sections.begin(), sections.end(), value) == sections.end())
+        throw std::invalid_argument("--only " + value + ": not a section of this benchmark (see --help)");
+      o.only = value;
+    }
     else throw std::invalid_argument("unknown flag " + flag + " (see --help)");
   }
   if (o.repetitions < 1) throw std::invalid_argument("--repetitions must be at least 1");

@@ -7,7 +7,30 @@
 // "sharded" reduce::sharded in one process (unchecked; average+apply and the gather of the parameters),
 // against the same floor as "host": the bytes the job needs, not the slicing's extra copies, so its
 // ratio shows what sharding costs where there is nothing to spread over.
+//
+// The overlap rows (--only overlap runs them alone): how much of reduce::host's reduction a step hides
+// behind the towers' backward pass when the towers mark their gradients ready (gradient_ready) and each
+// bucket is reduced on the pipeline's worker thread meanwhile. A synthetic tower stands in for the
+// backward pass: bucket by bucket, in the order the pipeline plans them (step/buckets.hpp: reverse
+// declaration order, 25 MiB a bucket), it computes for a set time — a busy loop until its thread has
+// run that many microseconds of CPU time (wall time would count as compute done the time the worker
+// took the tower's core) — then takes the bucket's gradients and, where it marks, marks them ready. The
+// compute is sized against the reduction measured first (reduce: no compute), compute = ratio x reduce,
+// and per configuration the medians are
+//   compute     the towers' stage of a step that computes and marks nothing (nothing is reduced during it);
+//   serial      that step's whole time: compute, then every bucket;
+//   overlapped  the whole time of a step that marks;
+//   hidden      1 - (overlapped - compute) / (serial - compute): the share of the reduction gone from the
+//               step (1 all of it; 0 none; below 0 the overlap cost more than it hid);
+//   hideable    the parameters' share outside the last bucket, which the tower marks as it returns: at
+//               most that much can hide.
+// host_threads = towers, so that with fewer towers than cores the worker has a core of its own (1 tower:
+// the pool is the calling thread); with a tower on every core it takes turns with them. The busy loop
+// reads no memory: unlike a real backward pass it leaves all the bandwidth to the reduction.
 
+#include <time.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -28,8 +51,22 @@ using towerpipe_bench::median;
 
 const char* usage =
     "towerpipe_host_benchmark [--quick] [--out FILE] [--shapes-dir DIR] [--towers 1,2,4,8] [--repetitions N]\n"
+    "                         [--only reduction|overlap]\n"
     "Times exec::host + reduce::host average+apply over the ResNet-50 and BERT-base variable lists and a\n"
-    "flat sweep, against a triad floor measured on the same threads.";
+    "flat sweep, against a triad floor measured on the same threads (the reduction rows); and how much of\n"
+    "the reduction a step hides behind a synthetic backward pass that marks its gradients ready, with 1\n"
+    "tower up to a tower on every core (the overlap rows).";
+
+// The first step's gradients: normal values from a generator of the tower's own (towers run on several
+// threads). Later steps reuse them (gradient() marks them written), so that only the reduction is timed.
+template <class Context>
+void draw_gradients(Context& tower) {
+  std::mt19937 rng(static_cast<unsigned>(7 + tower.tower()));
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  for (std::size_t v = 0; v < tower.variables().count(); ++v) {
+    for (auto& g : tower.gradient(v)) g = std::remove_reference_t<decltype(g)>(normal(rng));
+  }
+}
 
 template <class Optim, class Layout, class Reduce = reduce::host>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
@@ -45,14 +82,8 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const std::vector<float> x(towers, 1.0f);
   batch b;
   b.add("x", x.data(), towers, {1});
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1e-3f);
-  // The first step draws gradients; later steps reuse them (gradient() marks them written) so that
-  // only the reduction is timed.
   p.step(b, [&](typename trainer::tower_context& tower) {
-    for (std::size_t v = 0; v < variables.count(); ++v) {
-      for (stored& g : tower.gradient(v)) g = stored(normal(rng));
-    }
+    draw_gradients(tower);
     return 0.0;
   });
   std::vector<double> seconds;
@@ -99,10 +130,132 @@ void measure_optimizers(const std::string& model, const variable_set& variables,
   }
 }
 
+// The calling thread's CPU time in microseconds.
+double thread_cpu_microseconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) * 1e6 + static_cast<double>(now.tv_nsec) * 1e-3;
+}
+
+// Busy until the calling thread has run `microseconds` of CPU time: compute that a thread taking the
+// core from it delays, as it would delay a real backward pass.
+void compute_for(double microseconds) {
+  const double until = thread_cpu_microseconds() + microseconds;
+  while (thread_cpu_microseconds() < until) {
+  }
+}
+
+// One overlap row (see the top): Adam, layout flat, `towers` towers on as many threads, compute =
+// `ratio` x the reduction.
+void measure_overlap(const std::string& model, const variable_set& variables, std::size_t towers, bool checked,
+                     double ratio, int repetitions, json_rows& out) {
+  using trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<float>>;
+  pipeline_options options;
+  options.host_threads = towers;
+  if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
+  trainer p(variables, {{"x", dtype::float32, {1}}}, towers, optim::adam::hyper_parameters{}, options);
+  const detail::bucket_plan plan = detail::make_bucket_plan(variables, options.buckets, sizeof(float));
+  const std::vector<float> x(towers, 1.0f);
+  batch b;
+  b.add("x", x.data(), towers, {1});
+  p.step(b, [&](trainer::tower_context& tower) {
+    draw_gradients(tower);
+    return 0.0;
+  });
+  double compute_per_bucket_us = 0;
+  bool mark = false;
+  const auto backward = [&](trainer::tower_context& tower) {
+    for (const std::vector<std::size_t>& bucket : plan.buckets) {
+      compute_for(compute_per_bucket_us);
+      for (std::size_t v : bucket) {
+        tower.gradient(v);
+        if (mark) tower.gradient_ready(v);
+      }
+    }
+    return 0.0;
+  };
+  std::vector<double> reduce, compute, serial, overlapped, worker;
+  double buckets_during_towers = 0;
+  for (int r = 0; r < repetitions; ++r) {
+    const step_stats stats = p.step(b, backward);
+    reduce.push_back(stats.stages.reduce + stats.stages.broadcast);
+  }
+  compute_per_bucket_us = ratio * median(reduce) * 1e6 / static_cast<double>(plan.count());
+  // Serial and overlapped steps in turns, so that a drift of the machine's speed reaches both alike.
+  for (int r = 0; r < repetitions; ++r) {
+    mark = false;
+    const step_stats plain = p.step(b, backward);
+    compute.push_back(plain.stages.towers);
+    serial.push_back(plain.seconds);
+    mark = true;
+    const step_stats marked = p.step(b, backward);
+    overlapped.push_back(marked.seconds);
+    worker.push_back(marked.stages.reduce_during_towers);
+    buckets_during_towers += static_cast<double>(marked.buckets_during_towers) / repetitions;
+  }
+  const double reduce_ms = median(reduce) * 1e3, compute_ms = median(compute) * 1e3, serial_ms = median(serial) * 1e3;
+  const double overlapped_ms = median(overlapped) * 1e3, worker_ms = median(worker) * 1e3;
+  const double hidden = 1.0 - (overlapped_ms - compute_ms) / (serial_ms - compute_ms);
+  std::size_t last_bucket = 0;
+  for (std::size_t v : plan.buckets.back()) last_bucket += variables[v].size;
+  const double hideable = 1.0 - static_cast<double>(last_bucket) / static_cast<double>(variables.total_size());
+  const char* backend = checked ? "host checked" : "host";
+  std::printf("%-10s %-13s %2zu %7zu %7.1f %4.0fx %9.2f %9.2f %9.2f %9.2f %9.2f %6.1f %6.0f%% %7.0f%%\n", model.c_str(),
+              backend, towers, plan.count(), buckets_during_towers, ratio, reduce_ms, compute_ms, serial_ms, overlapped_ms,
+              worker_ms, compute_per_bucket_us / 1e3, 100.0 * hidden, 100.0 * hideable);
+  json_rows::row row;
+  row.set("kind", "overlap")
+      .set("backend", backend)
+      .set("exec", "host")
+      .set("model", model)
+      .set("optimizer", optim::adam::name)
+      .set("layout", layout::flat<float>::name)
+      .set("towers", static_cast<double>(towers))
+      .set("host_threads", static_cast<double>(towers))
+      .set("parameters", static_cast<double>(variables.total_size()))
+      .set("tensors", static_cast<double>(variables.count()))
+      .set("buckets", static_cast<double>(plan.count()))
+      .set("buckets_during_towers", buckets_during_towers)
+      .set("compute_ratio", ratio)
+      .set("compute_per_bucket_ms", compute_per_bucket_us / 1e3)
+      .set("reduce_ms", reduce_ms)
+      .set("compute_ms", compute_ms)
+      .set("serial_ms", serial_ms)
+      .set("overlapped_ms", overlapped_ms)
+      .set("worker_ms", worker_ms)
+      .set("hidden_fraction", hidden)
+      .set("hideable_fraction", hideable);
+  out.rows.push_back(row);
+}
+
+// The overlap rows: ResNet-50 (and BERT-base but in --quick), the tower counts asked for up to one a
+// core (more would take turns computing), unchecked and checked steps, compute 2x (and 1x) the reduction.
+void measure_overlaps(const towerpipe_bench::options& o, std::size_t cores, json_rows& out) {
+  std::printf("\noverlap: a synthetic backward pass computing bucket by bucket, marking each bucket ready; %zu cores\n",
+              cores);
+  std::printf("%-10s %-13s %2s %7s %7s %5s %9s %9s %9s %9s %9s %6s %7s %8s\n", "variables", "backend", "N", "buckets",
+              "during", "ratio", "reduce", "compute", "serial", "overlap", "worker", "b. ms", "hidden", "hideable");
+  std::vector<std::string> models{"resnet50"};
+  if (!o.quick) models.push_back("bert_base");
+  for (const std::string& model : models) {
+    const variable_set variables = towerpipe_bench::read_shapes(o.shapes_dir + "/" + model + ".shapes");
+    for (std::size_t towers : o.towers) {
+      if (towers > cores) continue;
+      for (bool checked : {false, true}) {
+        for (double ratio : o.quick ? std::vector<double>{2} : std::vector<double>{2, 1})
+          measure_overlap(model, variables, towers, checked, ratio, o.quick ? o.repetitions : std::min(o.repetitions, 10), out);
+      }
+    }
+  }
+  std::printf("(ms, medians; during: buckets a step reduced during the towers; worker: the worker's time on them; b. ms: "
+              "compute per bucket; hidden: 1 - (overlap - compute) / (serial - compute); hideable: the parameters outside "
+              "the last bucket)\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
-  towerpipe_bench::options o = towerpipe_bench::parse_options(argc, argv, usage);
+  towerpipe_bench::options o = towerpipe_bench::parse_options(argc, argv, usage, {"reduction", "overlap"});
   if (o.quick) {
     o.towers = {1, 2};
     o.repetitions = std::min(o.repetitions, 5);
@@ -110,24 +263,27 @@ int main(int argc, char** argv) try {
   const std::size_t threads = std::thread::hardware_concurrency();
   const double triad = towerpipe_bench::triad_bandwidth(o.quick ? (1u << 24) : (1u << 27), threads, o.repetitions);
   std::printf("CPU triad floor: %.1f GB/s on %zu threads\n", triad / 1e9, threads);
-  std::printf("%-10s %-13s %-6s %-12s %2s %11s %9s %9s %8s %8s\n", "variables", "backend", "optim", "layout", "N",
-              "parameters", "ms", "floor_ms", "GB/s", "ratio");
 
   json_rows out;
   out.machine.set("cpu_threads", static_cast<double>(threads)).set("mode", o.quick ? "quick" : "full");
   out.floors.set("cpu_triad_bytes_per_second", triad);
-  std::vector<std::pair<std::string, variable_set>> lists;
-  lists.emplace_back("resnet50", towerpipe_bench::read_shapes(o.shapes_dir + "/resnet50.shapes"));
-  if (!o.quick) lists.emplace_back("bert_base", towerpipe_bench::read_shapes(o.shapes_dir + "/bert_base.shapes"));
-  for (std::size_t millions : o.quick ? std::vector<std::size_t>{1, 4} : std::vector<std::size_t>{1, 4, 16, 64}) {
-    variable_set one;
-    one.add("flat", {millions << 20});
-    lists.emplace_back("sweep_" + std::to_string(millions) + "M", std::move(one));
+  if (o.only != "overlap") {
+    std::printf("%-10s %-13s %-6s %-12s %2s %11s %9s %9s %8s %8s\n", "variables", "backend", "optim", "layout", "N",
+                "parameters", "ms", "floor_ms", "GB/s", "ratio");
+    std::vector<std::pair<std::string, variable_set>> lists;
+    lists.emplace_back("resnet50", towerpipe_bench::read_shapes(o.shapes_dir + "/resnet50.shapes"));
+    if (!o.quick) lists.emplace_back("bert_base", towerpipe_bench::read_shapes(o.shapes_dir + "/bert_base.shapes"));
+    for (std::size_t millions : o.quick ? std::vector<std::size_t>{1, 4} : std::vector<std::size_t>{1, 4, 16, 64}) {
+      variable_set one;
+      one.add("flat", {millions << 20});
+      lists.emplace_back("sweep_" + std::to_string(millions) + "M", std::move(one));
+    }
+    for (const auto& [model, variables] : lists) {
+      measure_optimizers<layout::flat<float>>(model, variables, o, triad, out);
+      if (!o.quick) measure_optimizers<layout::per_variable<float>>(model, variables, o, triad, out);
+    }
   }
-  for (const auto& [model, variables] : lists) {
-    measure_optimizers<layout::flat<float>>(model, variables, o, triad, out);
-    if (!o.quick) measure_optimizers<layout::per_variable<float>>(model, variables, o, triad, out);
-  }
+  if (o.only != "reduction") measure_overlaps(o, threads, out);
   out.write(o.out);
   std::printf("wrote %s\n", o.out.c_str());
   return 0;

@@ -9,7 +9,9 @@ run by the anchors' torch_anchor_bench.py), and writes into RESULTS_DIR:
   time_vs_parameters.png   median ms per step against parameters, one line per backend and tower
                            count, with the floor measured in the same run (flat sweep, Adam);
   ratio_to_floor.png       ratio to the floor per backend for ResNet-50 and BERT-base (Adam, flat and
-                           per_variable), beside the PyTorch peers' ratios.
+                           per_variable), beside the PyTorch peers' ratios;
+  overlap.png              the host benchmark's overlap rows: a step's compute alone, serial and
+                           overlapped per configuration, with the share of the reduction hidden.
 """
 import os
 import sys
@@ -84,6 +86,29 @@ def ratio_to_floor(rows, anchors, out):
     return True
 
 
+def overlap(rows, out):
+    if not rows:
+        return False
+    rows = sorted(rows, key=lambda r: (r["model"], r["backend"], r["towers"], -r["compute_ratio"]))
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 5))
+    width = 0.27
+    for j, (key, label) in enumerate((("compute_ms", "compute alone"), ("serial_ms", "serial: compute, then reduce"),
+                                      ("overlapped_ms", "overlapped"))):
+        ax.bar([i + (j - 1) * width for i in range(len(rows))], [r[key] for r in rows], width=width, label=label)
+    for i, r in enumerate(rows):
+        ax.annotate(f"hidden {100 * r['hidden_fraction']:.0f}%", (i, max(r["serial_ms"], r["overlapped_ms"])), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 3), textcoords="offset points")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['model']}\n{r['backend']}\nN={r['towers']:g}, {r['compute_ratio']:g}x" for r in rows],
+                       fontsize=7)
+    ax.set_ylabel("ms per step (median)")
+    ax.set_title("reduce::host beside a synthetic backward pass (compute = ratio x the reduction)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return True
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -92,9 +117,12 @@ def main():
     rows = benchmark_rows(directory)
     if not rows:
         sys.exit(f"plot.py: no benchmark JSON in {directory}")
+    overlap_rows = [r for r in rows if r.get("kind") == "overlap"]
+    rows = [r for r in rows if r.get("kind") != "overlap"]
     made = [name for name, ok in (
         ("time_vs_parameters.png", time_vs_parameters(rows, os.path.join(directory, "time_vs_parameters.png"))),
         ("ratio_to_floor.png", ratio_to_floor(rows, anchors, os.path.join(directory, "ratio_to_floor.png"))),
+        ("overlap.png", overlap(overlap_rows, os.path.join(directory, "overlap.png"))),
     ) if ok]
     print("plot.py: wrote " + ", ".join(made) if made else "plot.py: nothing to plot")
 
