@@ -245,7 +245,7 @@ run_result dispatch(const options& o, const image_dataset& data) {
 // --compare-backends: the same training through every backend the towers allow, then one table. The
 // tutorial's finding — the CPU parameter server against GPU:0 — reproduced and measured. reduce::host
 // runs also with --no-overlap: with host towers it reduces buckets while the towers run; the other
-// backends take the marks and reduce after the towers for now (their rows hide 0%).
+// backends take the marks and reduce after the towers for now (0% during the towers).
 int compare_backends(const options& given, const image_dataset& data) {
   const std::vector<std::string> backends =
       given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree", "sharded"} : std::vector<std::string>{"host", "sharded"};
@@ -268,18 +268,18 @@ int compare_backends(const options& given, const image_dataset& data) {
   std::printf("\ncompare: %zu %s towers, %s, %s, %zu epochs of batch %zu, seed %llu\n", given.towers,
               given.gpu_towers ? "GPU" : "host", given.model.c_str(), given.optimizer.c_str(), given.epochs,
               given.batch_size, static_cast<unsigned long long>(given.seed));
-  std::printf("| backend | layout | overlap | examples/s | step median ms | step p99 ms | reduce share | reduce hidden | "
+  std::printf("| backend | layout | overlap | examples/s | step median ms | step p99 ms | reduce share | reduce during towers | "
               "test accuracy | parameters checksum |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
   bool equal = true;
   for (const run_result& r : results) {
     std::printf("| %s | %s | %s | %.0f | %.3f | %.3f | %.1f%% | %.0f%% | %.2f%% | %016llx |\n", r.backend.c_str(),
                 r.layout.c_str(), r.overlap ? "on" : "off", r.examples_per_second, r.median_ms, r.p99_ms,
-                100.0 * r.reduce_share, 100.0 * r.hidden_share, r.accuracy, static_cast<unsigned long long>(r.checksum));
+                100.0 * r.reduce_share, 100.0 * r.share_during_towers, r.accuracy, static_cast<unsigned long long>(r.checksum));
     equal = equal && r.checksum == results.front().checksum;
   }
   std::printf("(step times without the first %zu steps; reduce share: average + apply + broadcast after the towers over the "
-              "whole step; reduce hidden: the part of the reduction that ran during the towers)\n",
+              "whole step; reduce during towers: the part of the reduction's time that ran during them)\n",
               step_times::warmup);
   std::printf(equal ? "checksums: all equal\n" : "checksums: DIFFER between backends\n");
   return equal ? 0 : 1;

@@ -147,14 +147,15 @@ struct run_result {
   bool overlap = true;
   double examples_per_second = 0, median_ms = 0, p99_ms = 0;
   double reduce_share = 0;  // (reduce + broadcast) / the whole step, averaged over the run
-  double hidden_share = 0;  // of the reduction's time, the part hidden behind the towers (hidden_share below)
+  double share_during_towers = 0;  // of the reduction's time, the part during the towers (below)
   double accuracy = 0;
   std::uint64_t checksum = 0;
 };
 
-// Of the reduction's time, the part hidden behind the towers (reduced on a thread of its own as their
-// backward passes marked the buckets ready).
-inline double hidden_share(const stage_seconds& totals) {
+// Of the reduction's time, the part that ran during the towers (on a thread of its own, as their
+// backward passes marked the buckets ready). Hidden only where that thread had a core to itself: with a
+// tower on every core it slows the towers down instead.
+inline double share_during_towers(const stage_seconds& totals) {
   const double all = totals.reduce_during_towers + totals.reduce;
   return all > 0 ? totals.reduce_during_towers / all : 0.0;
 }
@@ -371,10 +372,10 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
                 stage_totals.broadcast * per_step_ms);
     if (o.overlap)
       std::printf("overlap: %.1f of %zu gradient buckets a step reduced during the towers (worker %.3f ms a step), "
-                  "reduce %.3f ms after them: %.0f%% of the reduction's time hidden\n",
+                  "reduce %.3f ms after them: %.0f%% of the reduction's time during the towers\n",
                   static_cast<double>(buckets_during_towers) / static_cast<double>(total_steps), buckets,
                   stage_totals.reduce_during_towers * per_step_ms, stage_totals.reduce * per_step_ms,
-                  100.0 * hidden_share(stage_totals));
+                  100.0 * share_during_towers(stage_totals));
     else
       std::printf("overlap: off (--no-overlap): every gradient bucket reduced after the towers\n");
   }
@@ -382,7 +383,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   result.backend = Reduce::name;
   result.layout = Layout::name;
   result.overlap = o.overlap;
-  result.hidden_share = hidden_share(stage_totals);
+  result.share_during_towers = share_during_towers(stage_totals);
   result.examples_per_second = total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0;
   if (run_times.enough()) {
     result.median_ms = run_times.quantile_ms(0.5);
