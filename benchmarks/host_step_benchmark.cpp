@@ -228,8 +228,9 @@ void measure_overlap(const std::string& model, const variable_set& variables, st
   out.rows.push_back(row);
 }
 
-// The overlap rows: ResNet-50 (and BERT-base but in --quick), the tower counts asked for up to one a
-// core (more would take turns computing), unchecked and checked steps, compute 2x (and 1x) the reduction.
+// The overlap rows: ResNet-50 and, but in --quick, BERT-base; the tower counts asked for up to one a
+// core (more would take turns computing); unchecked and checked steps; compute 2x and, but in --quick,
+// 1x the reduction; at most 10 steps of each kind a row (3 in --quick).
 void measure_overlaps(const towerpipe_bench::options& o, std::size_t cores, json_rows& out) {
   std::printf("\noverlap: a synthetic backward pass computing bucket by bucket, marking each bucket ready; %zu cores\n",
               cores);
@@ -243,7 +244,7 @@ void measure_overlaps(const towerpipe_bench::options& o, std::size_t cores, json
       if (towers > cores) continue;
       for (bool checked : {false, true}) {
         for (double ratio : o.quick ? std::vector<double>{2} : std::vector<double>{2, 1})
-          measure_overlap(model, variables, towers, checked, ratio, o.quick ? o.repetitions : std::min(o.repetitions, 10), out);
+          measure_overlap(model, variables, towers, checked, ratio, std::min(o.repetitions, o.quick ? 3 : 10), out);
       }
     }
   }

@@ -87,23 +87,25 @@ def ratio_to_floor(rows, anchors, out):
 
 
 def overlap(rows, out):
-    if not rows:
+    models = [m for m in ("resnet50", "bert_base") if any(r["model"] == m for r in rows)]
+    if not models:
         return False
-    rows = sorted(rows, key=lambda r: (r["model"], r["backend"], r["towers"], -r["compute_ratio"]))
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 5))
+    fig, axes = plt.subplots(1, len(models), figsize=(9 * len(models), 5), squeeze=False)
     width = 0.27
-    for j, (key, label) in enumerate((("compute_ms", "compute alone"), ("serial_ms", "serial: compute, then reduce"),
-                                      ("overlapped_ms", "overlapped"))):
-        ax.bar([i + (j - 1) * width for i in range(len(rows))], [r[key] for r in rows], width=width, label=label)
-    for i, r in enumerate(rows):
-        ax.annotate(f"hidden {100 * r['hidden_fraction']:.0f}%", (i, max(r["serial_ms"], r["overlapped_ms"])), ha="center", va="bottom", fontsize=7,
-                    xytext=(0, 3), textcoords="offset points")
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([f"{r['model']}\n{r['backend']}\nN={r['towers']:g}, {r['compute_ratio']:g}x" for r in rows],
-                       fontsize=7)
-    ax.set_ylabel("ms per step (median)")
-    ax.set_title("reduce::host beside a synthetic backward pass (compute = ratio x the reduction)", fontsize=10)
-    ax.legend(fontsize=7)
+    for ax, model in zip(axes[0], models):
+        mine = sorted((r for r in rows if r["model"] == model), key=lambda r: (r["backend"], r["towers"], -r["compute_ratio"]))
+        for j, (key, label) in enumerate((("compute_ms", "compute alone"), ("serial_ms", "serial: compute, then reduce"),
+                                          ("overlapped_ms", "overlapped"))):
+            ax.bar([i + (j - 1) * width for i in range(len(mine))], [r[key] for r in mine], width=width, label=label)
+        for i, r in enumerate(mine):
+            ax.annotate(f"hidden {100 * r['hidden_fraction']:.0f}%", (i, max(r["serial_ms"], r["overlapped_ms"])),
+                        ha="center", va="bottom", fontsize=7, xytext=(0, 3), textcoords="offset points")
+        ax.set_xticks(range(len(mine)))
+        ax.set_xticklabels([f"{r['backend']}\nN={r['towers']:g}, {r['compute_ratio']:g}x" for r in mine], fontsize=7)
+        ax.set_ylabel("ms per step (median)")
+        ax.set_title(f"{model}: reduce::host beside a synthetic backward pass (compute = ratio x the reduction)",
+                     fontsize=9)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     return True
