@@ -18,7 +18,7 @@ template <>
 struct tower_program<exec::cuda> {
   const classifier& model;
   std::size_t max_examples;
-  bool mark_ready;  // the marks only validate for now: GPU towers reduce every bucket after the towers
+  bool mark_ready;  // device0 and reduce::host reduce the marked buckets during the towers; p2p_tree and sharded after
   std::vector<std::unique_ptr<gpu_mlp_workspace>> mlps;
 #if defined(TOWERPIPE_EXAMPLES_CUDNN)
   std::vector<std::unique_ptr<gpu_cnn_workspace>> cnns;
