@@ -17,6 +17,11 @@
 // and consumes it, whether it succeeds or fails. step(batch, fn) is stage(batch) + step(fn) on that
 // batch: refused while another batch is staged.
 //
+// Overlapping the reduction with backward: towers that mark their gradients ready
+// (tower_context::gradient_ready) have each gradient bucket (pipeline_options::buckets) reduced while
+// they go on, where the reducer takes parts of a step (reduce/overlapped_reduction.hpp); bitwise the
+// unbucketed step.
+//
 // Threading: a pipeline is used by one thread at a time, like a standard container; its own threads
 // and streams run the towers. Calls that change it (stage, step, set_parameter, set_optimizer_state,
 // set_hyper, restore_steps_done) made while another one runs — from a second thread, or from inside a

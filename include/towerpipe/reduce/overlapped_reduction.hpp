@@ -1,15 +1,15 @@
 #pragma once
 // The overlapped reduction: each gradient bucket (step/buckets.hpp) reduced as soon as every tower has
 // marked it ready (tower_context::gradient_ready), on a thread of its own (exec/background_worker.hpp)
-// while the towers' backward passes go on; what is left when the towers return — the buckets completed
-// only by their return, or every bucket of towers that mark nothing — is reduced on the thread pool, as
+// while the towers' backward passes go on; what is left when the towers return — the buckets the last
+// tower completed by returning, or every bucket of towers that mark nothing — is reduced after them, as
 // the unbucketed step is. A bucket's reduction is a part of the step over its variables: in a checked
 // step the average and screen (the apply follows the verdict, after the towers), in an unchecked one
 // the average, the optimizer and the new parameters. Bitwise the unbucketed step whatever the buckets
 // (step/buckets.hpp says why).
 //
-// Taken by reducers that reduce any set of variables (reduce/reducer_contract.hpp: screen_variables,
-// average_and_apply_variables); the pipeline drives it.
+// Taken by reducers that reduce parts of a step (reduce/reducer_contract.hpp: screen_part,
+// average_and_apply_part); the pipeline drives it.
 
 #include <cstddef>
 #include <functional>
