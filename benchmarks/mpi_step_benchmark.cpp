@@ -213,7 +213,8 @@ void measure(const std::string& model, const variable_set& variables, std::size_
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int threads = 0;  // SERIALIZED: reduce::sharded exchanges gradient buckets from its worker thread (comm/mpi.hpp)
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &threads);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &processes);
   try {

@@ -292,7 +292,8 @@ struct processes_scope {
   explicit processes_scope(options& o, int& argc, char**& argv) {
 #if defined(TOWERPIPE_EXAMPLES_MPI)
     if (!o.ranks) return;
-    MPI_Init(&argc, &argv);
+    int threads = 0;  // SERIALIZED: reduce::sharded exchanges gradient buckets from its worker thread (comm/mpi.hpp)
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &threads);
     active = true;
     auto group = std::make_shared<towerpipe::mpi_process_group>(MPI_COMM_WORLD);
     o.rank = group->rank();

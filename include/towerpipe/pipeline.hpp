@@ -481,12 +481,17 @@ class pipeline {
   // agreed by every process before anything is updated (step/processes.hpp).
   template <class TowerFn>
   void run_towers(TowerFn& fn, const std::vector<double>& weights, step_stats& stats) {
-    stats.loss = processes_->agree_on_towers(steps_done_ + 1, [&] {
-      stats.tower_loss = towers_->run(fn, steps_done_ + 1);
-      double loss = 0;
-      for (std::size_t i = 0; i < weights.size(); ++i) loss += weights[i] * stats.tower_loss[i];
-      return loss;
-    });
+    stats.loss = processes_->agree_on_towers(
+        steps_done_ + 1,
+        [&] {
+          stats.tower_loss = towers_->run(fn, steps_done_ + 1);
+          double loss = 0;
+          for (std::size_t i = 0; i < weights.size(); ++i) loss += weights[i] * stats.tower_loss[i];
+          return loss;
+        },
+        [&] {
+          if constexpr (overlaps_reduction) overlap_->settle();
+        });
   }
 
   // What every process must agree on before a step's towers run, beyond what it compared at
@@ -523,6 +528,11 @@ class pipeline {
                      screen_pass& screen, step_stats& stats) {
     const bool checked = checked_steps(options_);
     if (checked) screen.partials = reducer_->begin_screen();
+    detail::overlapped_reduction::part settle;  // across processes, before they agree on the towers (step/processes.hpp)
+    if constexpr (detail::reducer_settles_parts<reducer_type, towers_type, master_type>::value) {
+      const std::vector<master_type>* contribution_weights = checked ? &screen.weights : &weights;
+      settle = [this, contribution_weights](const detail::step_part& rest) { reducer_->settle_part(*towers_, rest, *contribution_weights); };
+    }
     overlap_->begin_step(
         [this, checked, &stats, &weights, &constants, &screen](const detail::step_part& part) {
           const auto begin = clock::now();
@@ -532,7 +542,7 @@ class pipeline {
             tracer_.span(checked ? "bucket: average + screen" : "bucket: average + apply", begin, clock::now(), stats.step,
                          "reduce (during towers)");
         },
-        options_.overlap_reduction && reducer_->overlaps_buckets() && (!checked || screen.window.first));
+        options_.overlap_reduction && reducer_->overlaps_buckets() && (!checked || screen.window.first), std::move(settle));
   }
   // After the towers: the buckets they left, and what the step hid behind them.
   void finish_overlap(step_stats& stats) {
@@ -549,11 +559,12 @@ class pipeline {
   // A tower or a bucket's pass failed (its exception is being handled): the buckets in flight are
   // waited for, on the host and, where the reducer enqueues them on devices, there too (join_parts).
   // A checked step's buckets only wrote the screen's buffer; an unchecked step's were applied, and the
-  // error says so.
+  // error says so — except across processes, where the owners update only after the processes agreed on
+  // the towers (reduce/sharded/host_towers.hpp).
   void abandon_overlap(std::int64_t step) {
     const std::size_t applied = overlap_->abandon();
     if constexpr (detail::reducer_has_join_parts<reducer_type, towers_type>::value) reducer_->join_parts(*towers_);
-    if (applied == 0 || checked_steps(options_)) return;
+    if (applied == 0 || checked_steps(options_) || across_processes()) return;
     detail::fail(detail::current_exception_text(), "; step ", step, " had applied ", applied, " of its ", bucket_count_,
                  " gradient bucket(s) already (an unchecked step applies a bucket once every tower marked it ready): ",
                  "their variables took this step's update, the others did not; checked steps (on_nonfinite = skip) change "

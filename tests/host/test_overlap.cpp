@@ -109,12 +109,13 @@ float gradient_value(float parameter, std::size_t k, std::size_t tower, std::int
 }
 
 // Runs `steps` steps. marking: the towers mark each variable ready right after writing it, last variable
-// first (as a backward pass goes), and let time pass so that the buckets are reduced while they run.
+// first (as a backward pass goes; first_variable_first: the other way), and let time pass so that the
+// buckets are reduced while they run.
 // Across processes (thread ranks) a tower's global index is rank * towers + its own, and each process
 // stages its part of the batch. Returns whether every step reduced its buckets during the towers when
 // they were marked (and none when not): checked by the caller, on the test's thread.
 template <class Trainer>
-[[nodiscard]] bool train(Trainer& p, int steps, bool marking, std::size_t rank = 0) {
+[[nodiscard]] bool train(Trainer& p, int steps, bool marking, std::size_t rank = 0, bool first_variable_first = false) {
   bool as_expected = true;
   using stored = typename Trainer::stored_type;
   const std::vector<float> x{1.0f, 0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.5f, 3.0f, -2.0f};
@@ -127,7 +128,9 @@ template <class Trainer>
     const step_stats stats = p.step(b, [&](typename Trainer::tower_context& tower) {
       const float first_x = tower.template input<float>("x")(0, 0);
       const std::size_t global_tower = rank * tower.towers() + tower.tower();
-      for (std::size_t v = tower.variables().count(); v-- > 0;) {
+      const std::size_t count = tower.variables().count();
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::size_t v = first_variable_first ? i : count - 1 - i;
         const auto parameter = tower.parameter(v);
         const auto gradient = tower.gradient(v);
         for (std::size_t k = 0; k < gradient.size(); ++k)
@@ -218,37 +221,110 @@ TEST_CASE("reduce::sharded in one process: buckets change no bit", "[overlap][sh
   check_buckets_change_no_bit<sharded_trainer<layout::flat<bfloat16>>>(optim::adam::hyper_parameters{}, {});
 }
 
+// body(r) on a thread of its own for each rank; returns each rank's error ("" where none).
+std::vector<std::string> on_ranks(std::size_t ranks, const std::function<void(std::size_t)>& body) {
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return errors;
+}
+
+template <class Trainer>
+void require_parameters_equal(const std::vector<std::unique_ptr<Trainer>>& ranked, const adam_trainer<layout::flat<float>>& reference) {
+  for (std::size_t v = 0; v < model.count(); ++v) {
+    INFO("variable " << model[v].name);
+    for (std::size_t r = 0; r < ranked.size(); ++r) REQUIRE(first_bitwise_difference(ranked[r]->parameter(v), reference.parameter(v)) == -1);
+  }
+}
+
+// Each bucket's exchange starts while the towers run, once it and every bucket before it are in
+// (reduce/sharded/host_towers.hpp). Rank 1's towers here finish the buckets in the opposite order to
+// rank 0's, so that its worker holds them until the first is in, and with explicit groups the
+// processes' first bucket is not the one their towers finish first.
 TEST_CASE("reduce::sharded across processes (thread ranks): buckets change no bit, one process's result", "[overlap][sharded][ranks]") {
   constexpr std::size_t ranks = 2, towers = 2;
   for (const pipeline_options& base : {pipeline_options{}, unchecked()}) {
-    const auto reference = make_trainer<adam_trainer<layout::flat<float>>>(ranks * towers, {}, base);
-    REQUIRE(train(*reference, 3, false));
-    const auto group = thread_process_group::create(static_cast<int>(ranks));
-    std::vector<std::unique_ptr<sharded_trainer<layout::flat<float>>>> ranked(ranks);
-    std::vector<std::string> errors(ranks);
-    std::vector<char> overlapped(ranks, 0);
-    std::vector<std::thread> threads;
-    for (std::size_t r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          pipeline_options options = base;
-          options.processes = group[r];
-          options.buckets.cap_bytes = 1;
-          ranked[r] = make_trainer<sharded_trainer<layout::flat<float>>>(towers, {}, options);
-          overlapped[r] = train(*ranked[r], 3, true, r);
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
+    for (const bool grouped : {false, true}) {
+      INFO("checked " << (base.on_nonfinite != nonfinite_policy::unchecked) << ", grouped " << grouped);
+      const auto reference = make_trainer<adam_trainer<layout::flat<float>>>(ranks * towers, {}, base);
+      REQUIRE(train(*reference, 3, false));
+      const auto group = thread_process_group::create(static_cast<int>(ranks));
+      std::vector<std::unique_ptr<sharded_trainer<layout::flat<float>>>> ranked(ranks);
+      std::vector<char> overlapped(ranks, 0);
+      const std::vector<std::string> errors = on_ranks(ranks, [&](std::size_t r) {
+        pipeline_options options = base;
+        options.processes = group[r];
+        options.buckets.cap_bytes = 1;
+        if (grouped) options.buckets.groups = {{"w1", "b2"}, {"embed"}, {"b1", "w2"}};
+        ranked[r] = make_trainer<sharded_trainer<layout::flat<float>>>(towers, {}, options);
+        overlapped[r] = train(*ranked[r], 3, true, r, r == 1);
       });
+      REQUIRE(errors == std::vector<std::string>(ranks));
+      REQUIRE(overlapped == std::vector<char>(ranks, 1));
+      require_parameters_equal(ranked, *reference);
     }
-    for (std::thread& thread : threads) thread.join();
+  }
+}
+
+// A tower failing on one process after some buckets were exchanged: every process fails the step alike
+// (step/processes.hpp), none waits for an exchange the other will not make, nothing changes on any
+// (the owners update only after the agreement), and the next step goes on from there.
+TEST_CASE("reduce::sharded across processes: a tower failing after buckets were exchanged changes nothing on any process",
+          "[overlap][sharded][ranks][errors]") {
+  constexpr std::size_t ranks = 2, towers = 2;
+  for (const pipeline_options& base : {pipeline_options{}, unchecked()}) {
+    INFO("checked " << (base.on_nonfinite != nonfinite_policy::unchecked));
+    const auto reference = make_trainer<adam_trainer<layout::flat<float>>>(ranks * towers, {}, base);
+    REQUIRE(train(*reference, 2, false));
+    const auto group = thread_process_group::create(static_cast<int>(ranks), std::chrono::seconds(20));
+    std::vector<std::unique_ptr<sharded_trainer<layout::flat<float>>>> ranked(ranks);
+    std::vector<std::vector<std::vector<float>>> before(ranks), after(ranks);
+    std::vector<std::string> failures(ranks);
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<std::string> errors = on_ranks(ranks, [&](std::size_t r) {
+      pipeline_options options = base;
+      options.processes = group[r];
+      options.buckets.cap_bytes = 1;
+      ranked[r] = make_trainer<sharded_trainer<layout::flat<float>>>(towers, {}, options);
+      sharded_trainer<layout::flat<float>>& p = *ranked[r];
+      if (!train(p, 1, true, r)) throw std::runtime_error("step 1's buckets did not go during the towers");
+      for (std::size_t v = 0; v < model.count(); ++v) before[r].emplace_back(p.parameter(v).begin(), p.parameter(v).end());
+      batch whole;
+      whole.add("x", std::vector<float>{1.0f, 0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.5f, 3.0f, -2.0f}, {1});
+      const batch_part part = p.process_part(whole.examples());
+      try {
+        p.step(whole.slice(part.first, part.examples), [&](auto& tower) {
+          for (std::size_t v = tower.variables().count(); v-- > 0;) {  // the last three variables, each a bucket
+            if (v == 1 && r == 1 && tower.tower() == 1) throw std::runtime_error("layer gone");
+            for (auto& g : tower.gradient(v)) g = 0.25f;
+            tower.gradient_ready(v);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
+          return 0.0;
+        });
+      } catch (const std::exception& e) {
+        failures[r] = e.what();
+      }
+      for (std::size_t v = 0; v < model.count(); ++v) after[r].emplace_back(p.parameter(v).begin(), p.parameter(v).end());
+      if (!train(p, 1, true, r)) throw std::runtime_error("step 2's buckets did not go during the towers");
+    });
     REQUIRE(errors == std::vector<std::string>(ranks));
-    REQUIRE(overlapped == std::vector<char>(ranks, 1));
-    for (std::size_t v = 0; v < model.count(); ++v) {
-      INFO("variable " << model[v].name);
-      for (std::size_t r = 0; r < ranks; ++r)
-        REQUIRE(first_bitwise_difference(ranked[r]->parameter(v), reference->parameter(v)) == -1);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));  // nobody waited for a deadline
+    for (std::size_t r = 0; r < ranks; ++r) {
+      INFO("rank " << r);
+      CHECK_THAT(failures[r], Catch::Contains("layer gone") && !Catch::Contains("had applied"));
+      REQUIRE(after[r] == before[r]);
     }
+    require_parameters_equal(ranked, *reference);  // the failed step left no trace
   }
 }
 

@@ -439,7 +439,8 @@ void disagree(const std::shared_ptr<process_group>& group) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int threads = 0;  // SERIALIZED: reduce::sharded exchanges gradient buckets from its worker thread (comm/mpi.hpp)
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &threads);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &processes);
   std::string mode = argc > 1 ? argv[1] : "equal";

@@ -12,7 +12,9 @@
 // it, the operation throws a towerpipe::error instead of waiting for a process that has exited or
 // stopped. MPI offers no way to cancel a collective, so after such an error the program should end
 // (MPI_Abort) rather than go on using MPI. Collectives are called from the thread that calls the
-// pipeline (MPI_THREAD_FUNNELED is enough). Messages are limited to 2 GiB each (MPI's int counts).
+// pipeline where MPI was initialised with MPI_THREAD_FUNNELED; with MPI_THREAD_SERIALIZED (or
+// MULTIPLE: MPI_Init_thread) reduce::sharded also exchanges gradient buckets from its worker thread
+// while the towers run, one call at a time. Messages are limited to 2 GiB each (MPI's int counts).
 
 #include <mpi.h>
 
@@ -54,6 +56,11 @@ class mpi_process_group final : public process_group {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string describe() const override { return "MPI, " + std::to_string(size_) + " processes"; }
+  bool callable_from_any_thread() const override {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    return provided >= MPI_THREAD_SERIALIZED;
+  }
   std::chrono::milliseconds deadline() const { return deadline_; }
 
   // Every call starts with the sizes, sent point to point rather than as a collective: past the

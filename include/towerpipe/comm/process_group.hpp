@@ -22,6 +22,10 @@ class process_group {
   virtual int size() const = 0;
   // A description for messages and fingerprints, e.g. "MPI, 4 processes".
   virtual std::string describe() const = 0;
+  // Whether the collectives may be called from a thread other than the pipeline's — one thread at a time,
+  // never two at once. reduce::sharded then exchanges gradient buckets from its worker thread while the
+  // towers run (where every process's group says so); else after the towers.
+  virtual bool callable_from_any_thread() const { return false; }
 
   // Every process's `bytes` bytes at `data` (each may give a different count), in rank order.
   virtual std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char* what) = 0;

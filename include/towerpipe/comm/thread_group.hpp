@@ -40,6 +40,7 @@ class thread_process_group final : public process_group {
   int rank() const override { return rank_; }
   int size() const override { return board_->ranks; }
   std::string describe() const override { return "threads, " + std::to_string(board_->ranks) + " ranks"; }
+  bool callable_from_any_thread() const override { return true; }  // the ranks meet on a board under a mutex
 
   std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char* what) override {
     std::vector<std::string> mine{std::string(static_cast<const char*>(data), bytes)};

@@ -9,9 +9,12 @@
 // (step/buckets.hpp says why).
 //
 // Taken by reducers that reduce parts of a step (reduce/reducer_contract.hpp: screen_part,
-// average_and_apply_part); the pipeline drives it.
+// average_and_apply_part); the pipeline drives it. Across processes the pipeline also settles the step
+// (settle(): reduce::sharded's exchange of what the towers left) before the processes agree on the
+// towers' outcome.
 
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -44,12 +47,14 @@ class overlapped_reduction final : public tower_ready_listener {
   const bucket_plan& plan() const { return plan_; }
 
   // Before the towers run: what reduces a part of this step, and whether buckets may be reduced while
-  // they run (else every bucket waits for finish()).
-  void begin_step(part reduce, bool during_towers) {
+  // they run (else every bucket waits for finish()); `settle`, where given, what settle() does.
+  void begin_step(part reduce, bool during_towers, part settle = {}) {
     readiness_.reset();
     reduced_.assign(plan_.count(), 0);
     reduce_ = std::move(reduce);
+    settle_ = std::move(settle);
     during_towers_ = during_towers;
+    seconds_during_towers_ = 0;
   }
 
   void gradient_ready(std::size_t tower, std::size_t variable) override {
@@ -79,16 +84,31 @@ class overlapped_reduction final : public tower_ready_listener {
     std::size_t buckets_during_towers = 0;  // reduced while the towers ran
     double seconds_during_towers = 0;       // the worker's time on them
   };
-  // After every tower returned: waits for the buckets in flight, then reduces the others.
+  // After every tower returned, or one failed, while buckets went during the towers: waits for the
+  // buckets in flight, then hands what is left to `settle` — also after a failure, which it rethrows
+  // then (the first, a bucket's or the settling's).
+  void settle() {
+    if (!during_towers_ || !settle_) return;
+    std::exception_ptr failure;
+    try {
+      seconds_during_towers_ += worker_.drain();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    try {
+      settle_(step_part{rest(), no_bucket});
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+  // After every tower returned (and settle()): waits for the buckets in flight, then reduces the others.
   outcome finish() {
     outcome result;
-    result.seconds_during_towers = worker_.drain();
-    std::vector<std::size_t> rest;
-    for (std::size_t b = 0; b < plan_.count(); ++b) {
-      if (reduced_[b]) ++result.buckets_during_towers;
-      else rest.insert(rest.end(), plan_.buckets[b].begin(), plan_.buckets[b].end());
-    }
-    reduce_(step_part{rest, no_bucket});  // even empty: the reducer finishes the step there
+    seconds_during_towers_ += worker_.drain();
+    result.seconds_during_towers = seconds_during_towers_;
+    for (char done : reduced_) result.buckets_during_towers += done != 0;
+    reduce_(step_part{rest(), no_bucket});  // even empty: the reducer finishes the step there
     return result;
   }
   // After a tower failed: waits for the buckets in flight (a failure among them is dropped: the step
@@ -104,11 +124,21 @@ class overlapped_reduction final : public tower_ready_listener {
   }
 
  private:
+  // The variables of the buckets not reduced during the towers (those in flight done).
+  std::vector<std::size_t> rest() const {
+    std::vector<std::size_t> variables;
+    for (std::size_t b = 0; b < plan_.count(); ++b) {
+      if (!reduced_[b]) variables.insert(variables.end(), plan_.buckets[b].begin(), plan_.buckets[b].end());
+    }
+    return variables;
+  }
+
   bucket_plan plan_;
   bucket_readiness readiness_;  // refers to plan_
   tower_done tower_done_;
-  part reduce_;
+  part reduce_, settle_;
   bool during_towers_ = false;
+  double seconds_during_towers_ = 0;  // the worker's, this step
   std::vector<char> reduced_;  // [bucket]: reduced by the worker this step (written there, read after a drain)
   background_worker worker_;   // last: joined before the rest goes
 };

@@ -44,8 +44,14 @@
 //                                                       begin_screen() before a checked step's parts;
 //                                                       the others reduce every bucket after the towers
 //   void join_parts(towers&)                            after a failed step: waits for the parts it
-//                                                       enqueued (on devices), and orders the towers'
-//                                                       next work after them
+//                                                       enqueued (on devices), orders the towers' next
+//                                                       work after them, and forgets the step's parts
+//   void settle_part(towers&, const step_part& rest, weights)   across processes, where buckets went during
+//                                                       the towers: after them (or a tower's failure),
+//                                                       before the processes agree on their outcome,
+//                                                       what must happen on every process alike whatever
+//                                                       its towers did (reduce::sharded: the rest of the
+//                                                       exchange); the part of `rest` then finishes
 #include <cstddef>
 #include <type_traits>
 #include <utility>
@@ -113,6 +119,14 @@ template <class Reducer, class Towers, class = void>
 struct reducer_has_join_parts : std::false_type {};
 template <class Reducer, class Towers>
 struct reducer_has_join_parts<Reducer, Towers, std::void_t<decltype(std::declval<Reducer&>().join_parts(std::declval<Towers&>()))>>
+    : std::true_type {};
+
+template <class Reducer, class Towers, class T, class = void>
+struct reducer_settles_parts : std::false_type {};
+template <class Reducer, class Towers, class T>
+struct reducer_settles_parts<Reducer, Towers, T,
+                             std::void_t<decltype(std::declval<Reducer&>().settle_part(
+                                 std::declval<Towers&>(), std::declval<const step_part&>(), std::declval<const std::vector<T>&>()))>>
     : std::true_type {};
 
 template <class Reducer, class Towers, class Optim>

@@ -62,6 +62,19 @@ struct bucket_plan {
   std::size_t count() const { return buckets.size(); }
 };
 
+// The options as one line, for the processes' configuration check (step/processes.hpp): processes whose
+// buckets differ would exchange different pieces.
+inline std::string describe(const gradient_buckets& options) {
+  if (options.groups.empty()) return make_message("at most ", options.cap_bytes, " bytes each");
+  std::string text = "groups";
+  for (const std::vector<std::string>& group : options.groups) {
+    text += " [";
+    for (std::size_t i = 0; i < group.size(); ++i) text += (i ? " '" : "'") + group[i] + "'";
+    text += "]";
+  }
+  return text;
+}
+
 // `element_bytes`: the size of one gradient element as the towers hold it.
 inline bucket_plan make_bucket_plan(const variable_set& variables, const gradient_buckets& options, std::size_t element_bytes) {
   bucket_plan plan;

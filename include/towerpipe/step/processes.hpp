@@ -91,6 +91,8 @@ std::vector<std::string> configuration_fingerprint(const char* execution, const 
                    exact(options.loss_scale.initial_scale), ", growth ", exact(options.loss_scale.growth_factor), ", backoff ",
                    exact(options.loss_scale.backoff_factor), ", interval ", options.loss_scale.growth_interval),
       make_message("accumulation_steps: ", options.accumulation_steps),
+      make_message("overlap_reduction: ", options.overlap_reduction ? "on" : "off"),
+      make_message("gradient buckets: ", describe(options.buckets)),
       make_message("variables: ", variables.count())};
   for (std::size_t v = 0; v < variables.count(); ++v)
     lines.push_back(make_message("variable ", v, ": '", variables[v].name, "' ", to_string(variables[v].shape)));
@@ -151,8 +153,11 @@ class processes {
   // process learns whether every process's towers succeeded: one failure is every process's error, the
   // same message everywhere, before anything is updated; else returns the sum of the processes' losses
   // in rank order (the same bits on every process). One process: run_towers() as it is.
-  template <class RunTowers>
-  double agree_on_towers(std::int64_t step, RunTowers&& run_towers) const {
+  // Across processes, settle() runs after run_towers() whether the towers succeeded or not, before the
+  // agreement (reduce::sharded's exchanges during the towers: reduce/sharded/host_towers.hpp); its
+  // failure is this process's too.
+  template <class RunTowers, class Settle>
+  double agree_on_towers(std::int64_t step, RunTowers&& run_towers, Settle&& settle) const {
     if (size_ == 1) return run_towers();
     std::optional<std::string> failure;
     double loss = 0;
@@ -160,6 +165,11 @@ class processes {
       loss = run_towers();
     } catch (...) {
       failure = current_exception_text();
+    }
+    try {
+      settle();
+    } catch (...) {
+      if (!failure) failure = current_exception_text();
     }
     return exchange_after_towers(step, loss, failure);
   }

@@ -42,8 +42,16 @@
 //
 // Gradient buckets (reduce/overlapped_reduction.hpp): while the towers run, a bucket's contributions go
 // into the send buffer on the worker thread, and in one process its owner's work follows at once (the
-// update and the new parameters, or its screen); across processes the exchange waits for the last
-// bucket, and then the owners work through their whole slices.
+// update and the new parameters, or its screen). Across processes the exchange is cut by bucket
+// (programs/exchange_plan.hpp): the worker exchanges a bucket once it and every bucket before it are
+// in, so that every process makes the same exchanges in the same order, whichever buckets its own
+// towers finished first. Before the processes agree on the towers' outcome (step/processes.hpp), each
+// process settles the rest — the contributions its towers left, then every bucket not yet exchanged,
+// in order, whether its towers succeeded or not, so that no process waits for an exchange another will
+// not make. Only after the agreement do the owners update their slices: a tower failing on any process
+// changes nothing on any. This needs a process group the worker thread may call
+// (process_group::callable_from_any_thread; MPI: MPI_THREAD_SERIALIZED); else the exchange follows the
+// towers, whole.
 //
 // Mixed precision (bf16/fp16 towers): contributions are the widened gradients' products in the master
 // type, the owners hold their slice of the state in it, and every process gathers the whole master copy
@@ -110,7 +118,9 @@ class sharded_host_reducer {
         checked_(takes_checked_steps(options, mixed)),
         slots_(Optim::state_slots(h)),
         table_(make_chunk_table(variables, screen_tile_elements)),
-        plan_(table_, variables.count(), span_.size(), rank_, partials_ ? 1 : local_towers_, max_host_process_rows),
+        buckets_(make_bucket_plan(variables, options.buckets, sizeof(stored_type))),  // as the pipeline's driver cuts them
+        plan_(table_, variables.count(), span_.size(), rank_, partials_ ? 1 : local_towers_, max_host_process_rows,
+              buckets_.bucket_of),
         padded_starts_(padded_flat_starts(variables)),
         send_blocks_(plan_.send_blocks(sizeof(master_type))),
         receive_blocks_(plan_.receive_blocks(sizeof(master_type))),
@@ -138,6 +148,11 @@ class sharded_host_reducer {
     updated_slice_ = slice_pointers(plan_.mine(), updated_.data(), variables.count());
     state_rows_ = slice_row_pointers(plan_.mine(), state_.data(), static_cast<std::size_t>(slots_), variables.count());
     averaged_slice_ = slice_pointers(plan_.mine(), averaged_.data(), variables.count());
+    for (std::size_t b = 0; b < buckets_.count(); ++b) {
+      bucket_send_blocks_.push_back(plan_.send_blocks(sizeof(master_type), b));
+      bucket_receive_blocks_.push_back(plan_.receive_blocks(sizeof(master_type), b));
+    }
+    exchanges_buckets_ = span_.size() > 1 && every_process_says(span_.group().callable_from_any_thread());
   }
 
   // Mixed precision: every process keeps the whole master copy (the gather brings it every step), whose
@@ -185,7 +200,7 @@ class sharded_host_reducer {
 
   // The same passes over a part of the step (see the top): a bucket on the calling thread (the worker),
   // what the towers left on the pool, which finishes the step.
-  bool overlaps_buckets() const { return true; }
+  bool overlaps_buckets() const { return span_.size() == 1 || exchanges_buckets_; }
   void average_and_apply_part(host_towers<Layout>& towers, const step_part& part, const std::vector<master_type>& weights,
                               const constants_type& constants, stage_seconds& stages) {
     if constexpr (mixed) fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
@@ -195,23 +210,42 @@ class sharded_host_reducer {
       return scratch[0];
     };
     const std::vector<chunk_group> chunks = by_variable_.runs(part.variables);
-    run_part_on(towers.pool(), part, [&](auto& runner) {
-      weigh_contributions(runner, towers, within(runs_, chunks), weights, false);
-      if (span_.size() == 1) {  // the owner is here: its update and the new parameters follow at once
-        update_slice(runner, towers, within(my_runs_, chunks), constants, sum);
-        scatter_parameters(runner, towers, within(runs_, chunks), updated_.data());
-      }
-    });
-    if (part.during_towers()) return;
-    if (span_.size() > 1) {
-      exchange();
+    if (span_.size() > 1) {  // contributions, the exchange (maybe settled already), then the owner
+      contribute(towers, part, chunks, weights);
+      if (part.during_towers()) return;
       update_slice(towers.pool(), towers, my_runs_, constants, sum);
+      forget_parts();
+      return finish_step(towers, start, stages, true);
     }
-    finish_step(towers, start, stages, span_.size() > 1);
+    run_part_on(towers.pool(), part, [&](auto& runner) {  // the owner is here: its update and the new parameters follow at once
+      weigh_contributions(runner, towers, within(runs_, chunks), weights, false);
+      update_slice(runner, towers, within(my_runs_, chunks), constants, sum);
+      scatter_parameters(runner, towers, within(runs_, chunks), updated_.data());
+    });
+    if (!part.during_towers()) finish_step(towers, start, stages, false);
   }
+
+  // Across processes, before they agree on the towers' outcome (see the top): the contributions of
+  // `rest` (what the towers left) and every bucket not yet exchanged, in bucket order — also when a
+  // contribution fails, whose error follows the exchanges.
+  void settle_part(host_towers<Layout>& towers, const step_part& rest, const std::vector<master_type>& weights) {
+    if (span_.size() == 1) return;
+    std::exception_ptr failure;
+    try {
+      weigh_part(towers, rest, by_variable_.runs(rest.variables), weights);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    while (exchanged_ < buckets_.count()) exchange_bucket(exchanged_++);
+    settled_ = true;
+    if (failure) std::rethrow_exception(failure);
+  }
+  // After a failed step: its parts are forgotten.
+  void join_parts(host_towers<Layout>&) { forget_parts(); }
 
   // Before a checked step's parts: nothing found yet.
   screen_partials begin_screen() {
+    forget_parts();
     raw_key_ = owner_key_ = no_nonfinite;
     std::fill(tile_sums_.begin(), tile_sums_.end(), 0.0);
     return {};
@@ -221,14 +255,17 @@ class sharded_host_reducer {
     if (!checked_) fail("reduce::sharded: built for unchecked steps");
     const auto start = std::chrono::steady_clock::now();
     const std::vector<chunk_group> chunks = by_variable_.runs(part.variables);
-    run_part_on(towers.pool(), part, [&](auto& runner) {
-      raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), weights, true));
-      if (span_.size() == 1) owner_key_ = std::min(owner_key_, screen_slice(runner, within(my_runs_, chunks), step));
-    });
-    if (part.during_towers()) return;
     if (span_.size() > 1) {
-      exchange();
+      contribute(towers, part, chunks, weights);
+      if (part.during_towers()) return;
       owner_key_ = screen_slice(towers.pool(), my_runs_, step);
+      forget_parts();
+    } else {
+      run_part_on(towers.pool(), part, [&](auto& runner) {
+        raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), weights, true));
+        owner_key_ = std::min(owner_key_, screen_slice(runner, within(my_runs_, chunks), step));
+      });
+      if (part.during_towers()) return;
     }
     partials = span_.share_screen({tile_sums_, std::min(raw_key_, owner_key_)});
     stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -319,11 +356,45 @@ class sharded_host_reducer {
     for (nonfinite_key key : keys) first = std::min(first, key);
     return first;
   }
-  // The send buffer's rows to their owners (several processes; one reads them where they are).
-  void exchange() {
-    span_.group().all_to_all(reinterpret_cast<const char*>(send_.data()), send_blocks_.offsets, send_blocks_.bytes,
-                             reinterpret_cast<char*>(received_.data()), receive_blocks_.offsets, receive_blocks_.bytes,
-                             "sending gradients to their owners");
+  // Across processes, a part's contributions and what can be exchanged then (see the top): a bucket's on
+  // the calling thread (the worker), then the buckets in order as far as they are in; what the towers
+  // left on the pool, then everything not exchanged — unless settle_part did that already.
+  void contribute(host_towers<Layout>& towers, const step_part& part, const std::vector<chunk_group>& chunks,
+                  const std::vector<master_type>& weights) {
+    if (settled_) return;
+    weigh_part(towers, part, chunks, weights);
+    if (!part.during_towers()) return exchange(send_blocks_, receive_blocks_, "sending gradients to their owners");
+    contributed_[part.bucket] = 1;
+    while (exchanged_ < buckets_.count() && contributed_[exchanged_]) exchange_bucket(exchanged_++);
+  }
+  // The contributions of a part's chunks (run_part_on), and, in a checked step, the first non-finite one.
+  void weigh_part(host_towers<Layout>& towers, const step_part& part, const std::vector<chunk_group>& chunks,
+                  const std::vector<master_type>& weights) {
+    run_part_on(towers.pool(), part, [&](auto& runner) {
+      raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), weights, checked_));
+    });
+  }
+  // A bucket's rows to their owners.
+  void exchange_bucket(std::size_t bucket) {
+    exchange(bucket_send_blocks_[bucket], bucket_receive_blocks_[bucket], "sending a gradient bucket to its owners");
+  }
+  // The send buffer's rows (`send`'s pieces) to their owners (several processes; one reads them where they are).
+  void exchange(const exchange_plan::blocks& send, const exchange_plan::blocks& receive, const char* what) {
+    span_.group().all_to_all(reinterpret_cast<const char*>(send_.data()), send.offsets, send.bytes,
+                             reinterpret_cast<char*>(received_.data()), receive.offsets, receive.bytes, what);
+  }
+  // A new step's parts: no bucket contributed or exchanged yet.
+  void forget_parts() {
+    std::fill(contributed_.begin(), contributed_.end(), 0);
+    exchanged_ = 0;
+    settled_ = false;
+  }
+  // Whether `mine` holds on every process (a collective).
+  bool every_process_says(bool mine) const {
+    const char flag = mine ? 1 : 0;
+    for (const std::string& theirs : span_.group().all_gather(&flag, 1, "agreeing whether gradient buckets are exchanged during the towers"))
+      if (theirs != std::string(1, char(1))) return false;
+    return true;
   }
 
   // The owner's canonical average of `runs` (chunks of its slice; with accumulation: its running sum), each
@@ -428,9 +499,11 @@ class sharded_host_reducer {
   bool checked_;   // built for checked steps
   int slots_;      // optimizer state slots
   std::vector<tensor_chunk> table_;  // the variables in chunks of one screen tile
+  bucket_plan buckets_;  // the gradient buckets
   exchange_plan plan_;
   std::vector<std::size_t> padded_starts_;  // per variable: where it starts in a gathered buffer
   exchange_plan::blocks send_blocks_, receive_blocks_, gather_blocks_;
+  std::vector<exchange_plan::blocks> bucket_send_blocks_, bucket_receive_blocks_;  // per bucket
   std::vector<run> runs_, my_runs_;  // every owner's chunks; this process's
   // Compact storage: send_ every owner's rows, received_ this owner's rows from every process (global
   // order), updated_ its new master parameters; gathered_ the variables end to end, padded.
@@ -447,6 +520,12 @@ class sharded_host_reducer {
   // A checked step's screen as its parts go: the first non-finite raw gradient and average, and the
   // owner's tiles' sums of squares (a chunk of the table is a tile).
   nonfinite_key raw_key_ = no_nonfinite, owner_key_ = no_nonfinite;
+  // Across processes, this step's buckets: which are in the send buffer, how many (in order) exchanged,
+  // whether settle_part exchanged the rest; whether buckets are exchanged while the towers run at all.
+  std::vector<char> contributed_ = std::vector<char>(buckets_.count(), 0);
+  std::size_t exchanged_ = 0;
+  bool settled_ = false;
+  bool exchanges_buckets_ = false;
   std::vector<double> tile_sums_ = std::vector<double>(plan_.mine().chunks.last - plan_.mine().chunks.first, 0.0);
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
