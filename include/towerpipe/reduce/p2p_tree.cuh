@@ -5,7 +5,9 @@
 // fused with the optimizer (state on tower 0's device) and writes the new parameters into tower 0's
 // replica and into those of tower 0's children in the tree (towers 1, 2, 4, ...) that it can reach
 // directly. The parameters then go on down the same tree: every other tower pulls its parent's replica
-// on its own stream.
+// on its own stream. All of this runs on a side stream per tower (on the tower's device), which
+// waits for the tower's gradients by events, so that a gradient bucket's share can run while the tower
+// computes on its own stream.
 //
 // Bytes per parameter, all towers on one device, Adam: 12 per non-root edge (two reads, one write), 32 +
 // 4R for the root (R = ceil(log2 N) replicas besides tower 0's), 8 per pull: 20N - 4R in all, against
@@ -17,6 +19,13 @@
 //
 // A checked step (programs/screen.hpp): the same rounds, each checking the raw gradients it reads; the
 // root's edge runs as the screen into an average on tower 0's device; the apply reads that average.
+//
+// Gradient buckets (reduce/overlapped_reduction.hpp): once every tower has marked a bucket, its rounds,
+// root edge (fused apply, or screen) and pulls run over the bucket's chunks only, each on the side
+// stream that runs it in the whole step, after the bucket's events; each element still goes through the
+// same edges in the same order, so the bits are the unbucketed step's. A bucket's edges write partial
+// sums into the towers' gradients of that bucket and its pass writes replicas of that bucket only:
+// what every tower has marked, so none of them writes or reads it any more this step.
 
 #include <cuda_runtime.h>
 
@@ -36,6 +45,8 @@
 #include "towerpipe/programs/agents.hpp"
 #include "towerpipe/programs/copy_wiring.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/step/buckets.hpp"
+#include "towerpipe/step/pipeline_options.hpp"
 #include "towerpipe/step/stats.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
@@ -53,14 +64,21 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
-  p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
+  p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
+                   const pipeline_options& options)
       : device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
         wiring_(towers.access()),
         timing_stream_(towers.device(0)),
         tree_start_(towers.device(0), true),
         root_start_(towers.device(0), true),
         root_end_(towers.device(0), true),
-        average_(variables, towers.device(0)) {
+        average_(variables, towers.device(0)),
+        chunk_runs_(make_chunk_table(variables, Policy::chunk_elements), variables.count()),
+        tile_runs_(average_.screen.tiles(), variables.count()),
+        every_variable_(every_variable(variables.count())),
+        // The poison check reads a tower's whole gradients after it returns, where the edges of its
+        // marked buckets may have written partial sums already.
+        overlaps_(!options.poison_gradients) {
     check_device_tower_count("reduce::p2p_tree", towers.towers());
     const std::size_t n = towers.towers();
     const int count = static_cast<int>(variables.count());
@@ -81,6 +99,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         own.scratch = std::make_unique<device_buffer>(variables, cuda_device_memory{device});
         log_warning(make_message("reduce::p2p_tree: tower ", t, " (device ", device,
                                  ") reads some of its children in the tree through copies: no direct access"));
+        overlaps_ = false;  // whole copies: every bucket waits for the whole gradients
       }
       own.sums = aligned_table(wiring_.sum_pointers<stored_type>(towers, t, own.scratch.get()), device,
                                "reduce::p2p_tree: the partial sums a tower reads");
@@ -90,6 +109,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
       own.operand_copies = wiring_.operand_copies<stored_type>(towers, t, parent.scratch.get());
       own.pull_copies = wiring_.pull_copies<stored_type>(towers, t);
       if (wiring_.written_by_root[t]) continue;
+      if (!wiring_.pulls_directly[t]) overlaps_ = false;  // a whole copy of the parent's replica
       // A tower that pulls its parameters from its parent.
       std::vector<device_buffer*> target{&towers.replica(t)};
       own.own_replica = aligned_table(gather_pointers<stored_type>(target), device, "reduce::p2p_tree: the replica a tower pulls into");
@@ -98,46 +118,89 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     }
   }
 
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                         const typename Optim::template step_constants<stored_type>& constants, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::p2p_tree");
-    const auto rounds = run_tree(towers, weights, false);
+  // Gradient buckets (reduce/overlapped_reduction.hpp): a bucket's rounds, root edge and pulls over the
+  // bucket's chunks, each tower's share on its side stream after the bucket's events, enqueued from the
+  // worker thread while the towers go on; what the towers left waits for their whole gradients and
+  // finishes the step. Off where an edge or a pull copies whole buffers (no peer access) and with
+  // poison_gradients.
+  bool overlaps_buckets() const { return overlaps_; }
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                              const typename Optim::template step_constants<stored_type>& constants, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::p2p_tree part");
+    const std::vector<chunk_group> runs = chunk_runs_.runs(part.variables);
+    const auto rounds = run_rounds(towers, part, weights, runs, false);
     const optimizer_apply<Optim, stored_type> apply = apply_for(constants);
-    device_guard on(towers.device(0));
-    root_start_.record(towers.stream(0));
-    if (rounds.empty()) {
-      launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, nodes_[0]->sums->const_view(), weights,
-                                        apply);
-    } else {
-      nodes_[0]->chunks.template launch<Policy>(tree_root_agent<Optim, stored_type>{nodes_[0]->sums->view(), rounds.back().front(), apply},
-                                                towers.stream(0));
+    node& root = *nodes_[0];
+    {
+      device_guard on(root.side.device());
+      if (!part.during_towers()) root_start_.record(root.side);
+      for (const chunk_group& run : runs) {
+        if (rounds.empty()) {
+          launch_fused_apply_for<Policy, 1>(root.chunks, root.side, 1, root.sums->const_view(), weights, apply, run);
+        } else {
+          root.chunks.template launch<Policy>(tree_root_agent<Optim, stored_type>{root.sums->view(), rounds.back().front(), apply},
+                                              root.side, run);
+        }
+      }
+      if (!part.during_towers()) root_end_.record(root.side);
     }
-    broadcast_and_wait(towers, rounds, stages);
+    broadcast(rounds, runs);
+    if (part.during_towers()) return;
+    finish_step(towers, false, stages);
+    if (towers.trace().on()) record_device_spans(towers, rounds);
+  }
+  // After a failed step: the parts enqueued on the side streams done, and the towers' next work after them.
+  void join_parts(cuda_towers<Layout>& towers) { order_towers_after_sides(towers); }
+
+  // Before a checked step's parts: the raw operands' keys and the screen's, on the streams that lower them.
+  screen_partials begin_screen() {
+    for (const auto& own : nodes_) {
+      device_guard on(own->side.device());
+      TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(own->key.get(), 0xFF, sizeof(nonfinite_key), own->side.get()));
+      own->host_key[0] = no_nonfinite;
+    }
+    average_.screen.reset(nodes_[0]->side);
+    return {};
+  }
+  // A checked step's part: the same rounds, each checking the raw gradients it reads, then the root's
+  // edge through the screen (programs/screen.hpp) into the average on tower 0's device.
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::p2p_tree screen part");
+    const auto rounds = run_rounds(towers, part, weights, chunk_runs_.runs(part.variables), true);
+    const cuda_stream& stream = nodes_[0]->side;
+    device_guard on(stream.device());
+    if (!part.during_towers()) root_start_.record(stream);
+    for (const chunk_group& tiles : tile_runs_.runs(part.variables)) {
+      if (rounds.empty()) {
+        launch_tower_screen(average_.screen, stream, 1, nodes_[0]->sums->const_view(), weights, average_.table.view(), step, tiles);
+      } else {
+        const edge_average_source<stored_type> edge{nodes_[0]->sums->view(), rounds.back().front()};
+        average_.screen.launch(accumulating_source<edge_average_source<stored_type>, stored_type>{edge, average_.table.view(), step},
+                               average_.table.view(), stream, tiles);
+      }
+    }
+    if (part.during_towers()) return;
+    average_.screen.read_key(stream);  // also when no tile was launched
+    root_end_.record(stream);
+    finish_step(towers, true, stages);  // the towers may write their gradients again once this returns
+    towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + screen", "reduce (GPU)");
+    partials = average_.screen.results();
+    for (const auto& own : nodes_) partials.first_nonfinite = std::min(partials.first_nonfinite, own->host_key[0]);
   }
 
-  // A checked step, pass 1: the tree's rounds, then its last edge through the screen (programs/screen.hpp)
-  // into the average on tower 0's device; the rounds check the raw gradients they read.
+  // The whole step: one part over every variable.
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
+                         const typename Optim::template step_constants<stored_type>& constants, stage_seconds& stages) {
+    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
+  }
+
+  // A checked step, pass 1: the tree's rounds, then its last edge through the screen into the average on
+  // tower 0's device; the rounds check the raw gradients they read.
   screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
                                  const accumulation<stored_type>& step, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::p2p_tree screen");
-    const auto rounds = run_tree(towers, weights, true);
-    device_guard on(towers.device(0));
-    const cuda_stream& stream = towers.stream(0);
-    root_start_.record(stream);
-    if (rounds.empty()) {
-      launch_tower_screen(average_.screen, stream, 1, nodes_[0]->sums->const_view(), weights, average_.table.view(), step);
-    } else {
-      const edge_average_source<stored_type> edge{nodes_[0]->sums->view(), rounds.back().front()};
-      average_.screen.launch(accumulating_source<edge_average_source<stored_type>, stored_type>{edge, average_.table.view(), step},
-                             average_.table.view(), stream);
-    }
-    root_end_.record(stream);
-    root_end_.synchronize();  // after every round too: the root's edge waited for them
-    tree_start_.synchronize();  // on a stream of its own, which nothing above waited for
-    stages.reduce = seconds_between(tree_start_, root_end_);
-    towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + screen", "reduce (GPU)");
-    screen_partials partials = average_.screen.results();
-    for (const auto& own : nodes_) partials.first_nonfinite = std::min(partials.first_nonfinite, own->host_key[0]);
+    screen_partials partials = begin_screen();
+    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
     return partials;
   }
 
@@ -145,65 +208,67 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const typename Optim::template step_constants<stored_type>& constants,
                       stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::p2p_tree apply");
-    device_guard on(towers.device(0));
-    root_start_.record(towers.stream(0));
-    launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, towers.stream(0), 1, average_.table.const_view(),
-                                      std::vector<stored_type>{scale}, apply_for(constants));
+    const cuda_stream& stream = nodes_[0]->side;
+    {
+      device_guard on(stream.device());
+      root_start_.record(stream);
+      launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, stream, 1, average_.table.const_view(), std::vector<stored_type>{scale},
+                                        apply_for(constants));
+      root_end_.record(stream);
+    }
     const std::size_t n = towers.towers();
-    broadcast_and_wait(towers, canonical_tree_rounds<stored_type>(static_cast<int>(n), std::vector<stored_type>(n, stored_type(1))),
-                       stages);
+    const auto rounds = canonical_tree_rounds<stored_type>(static_cast<int>(n), std::vector<stored_type>(n, stored_type(1)));
+    broadcast(rounds, {every_chunk});
+    finish_step(towers, false, stages);
+    if (towers.trace().on()) record_device_spans(towers, rounds);
   }
 
  private:
-  // Every round but the last, each edge on its left tower's stream after the right tower's last write to
-  // its buffer; returns the rounds (the last one's only edge is the root's: left = 0). `checked`: the
-  // raw operands' non-finite keys go to each left tower's key word, and come back to host_key.
-  std::vector<std::vector<tree_edge<stored_type>>> run_tree(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                                                            bool checked) {
+  // A part's work on the side streams, up to the root's edge: every side stream waits for its tower's
+  // gradients of the part (the bucket's event, or all of them after the towers), then every round but
+  // the last over the part's chunk runs, each edge on its left tower's side stream after the right
+  // tower's last write to its buffer; the root's side stream last waits for the root edge's right
+  // operand (copying it where it has no peer access). Returns the rounds (the last one's only edge is
+  // the root's: left = 0). `checked`: the raw operands' non-finite keys go to each left tower's key.
+  std::vector<std::vector<tree_edge<stored_type>>> run_rounds(cuda_towers<Layout>& towers, const step_part& part,
+                                                              const std::vector<stored_type>& weights,
+                                                              const std::vector<chunk_group>& runs, bool checked) {
     const auto rounds = canonical_tree_rounds<stored_type>(static_cast<int>(towers.towers()), weights);
-    // The reduction starts when the last tower's gradients are ready: marked on a stream of its own, so
-    // that no tower waits for more than its edges need.
-    {
+    const bool last_part = !part.during_towers();
+    if (last_part) {  // stages.reduce starts when the last tower's gradients are ready, on a stream no tower waits for
       device_guard on(towers.device(0));
       for (std::size_t t = 0; t < towers.towers(); ++t) towers.gradients_ready(t).make_wait(timing_stream_);
       tree_start_.record(timing_stream_);
     }
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      nodes_[t]->partial_ready = &towers.gradients_ready(t);
-      nodes_[t]->host_key[0] = no_nonfinite;
-      if (checked) {
-        device_guard on(towers.device(t));
-        TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(nodes_[t]->key.get(), 0xFF, sizeof(nonfinite_key), towers.stream(t).get()));
-      }
+      node& own = *nodes_[t];
+      // Its edges add into its gradients and its pull overwrites its parameters: both after its marks.
+      own.partial_ready = last_part ? &towers.gradients_ready(t) : &towers.bucket_done(t, part.bucket);
+      own.partial_ready->make_wait(own.side);
     }
-    if (checked) average_.screen.reset(towers.stream(0));
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
       for (const tree_edge<stored_type>& edge : rounds[r]) {
         node& left = *nodes_[static_cast<std::size_t>(edge.left)];
-        const std::size_t right = static_cast<std::size_t>(edge.right);
-        const cuda_stream& stream = towers.stream(static_cast<std::size_t>(edge.left));
-        device_guard on(stream.device());
-        nodes_[right]->partial_ready->make_wait(stream);
-        run_copies_async(nodes_[right]->operand_copies, stream);
-        if (!left.edge_start.empty()) left.edge_start[r].record(stream);
-        left.chunks.template launch<Policy>(tree_round_agent<stored_type>{left.sums->view(), edge, checked ? left.key.get() : nullptr},
-                                            stream);
-        if (!left.edge_end.empty()) left.edge_end[r].record(stream);
-        if (checked)  // before partial_done: whoever waits for the partial has the key too
-          TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(left.host_key.get(), left.key.get(), sizeof(nonfinite_key),
-                                               cudaMemcpyDeviceToHost, stream.get()));
-        left.partial_done.record(stream);
+        const node& right = *nodes_[static_cast<std::size_t>(edge.right)];
+        device_guard on(left.side.device());
+        right.partial_ready->make_wait(left.side);
+        run_copies_async(right.operand_copies, left.side);
+        const bool timed = last_part && !left.edge_start.empty();
+        if (timed) left.edge_start[r].record(left.side);
+        for (const chunk_group& run : runs)
+          left.chunks.template launch<Policy>(tree_round_agent<stored_type>{left.sums->view(), edge, checked ? left.key.get() : nullptr},
+                                              left.side, run);
+        if (timed) left.edge_end[r].record(left.side);
+        left.partial_done.record(left.side);
         left.partial_ready = &left.partial_done;
       }
     }
-    // The root's own edge waits for its right operand, and copies it where it has no peer access.
     if (!rounds.empty()) {
-      const tree_edge<stored_type>& edge = rounds.back().front();
-      const std::size_t right = static_cast<std::size_t>(edge.right);
-      const cuda_stream& stream = towers.stream(0);
+      const node& right = *nodes_[static_cast<std::size_t>(rounds.back().front().right)];
+      const cuda_stream& stream = nodes_[0]->side;
       device_guard on(stream.device());
-      nodes_[right]->partial_ready->make_wait(stream);
-      run_copies_async(nodes_[right]->operand_copies, stream);
+      right.partial_ready->make_wait(stream);
+      run_copies_async(right.operand_copies, stream);
     }
     return rounds;
   }
@@ -212,49 +277,70 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     return {root_targets_->view(), this->state_table(), root_replica_count_, this->state_slot_count(), constants, {}};
   }
 
-  // After the root's pass on tower 0's stream: the parameters go down the tree — the towers the root
-  // wrote have them with the root's; every other tower pulls its parent's replica on its own stream.
-  // Each tower's next work waits for them; the host waits for all.
-  void broadcast_and_wait(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<stored_type>>>& rounds,
-                          stage_seconds& stages) {
-    {
-      device_guard on(towers.device(0));
-      root_end_.record(towers.stream(0));
-      nodes_[0]->parameters_done.record(towers.stream(0));
-    }
+  // After the root's pass over `runs` on its side stream: the parameters go down the tree — the towers
+  // the root wrote have them with the root's; every other tower pulls its parent's replica over the same
+  // runs on its side stream, after its parent's.
+  void broadcast(const std::vector<std::vector<tree_edge<stored_type>>>& rounds, const std::vector<chunk_group>& runs) {
+    nodes_[0]->parameters_done.record(nodes_[0]->side);
     nodes_[0]->parameters_ready = &nodes_[0]->parameters_done;
     for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
       for (const tree_edge<stored_type>& edge : *r) {
         const std::size_t child = static_cast<std::size_t>(edge.right), parent = static_cast<std::size_t>(edge.left);
         node& own = *nodes_[child];
-        const cuda_stream& stream = towers.stream(child);
-        device_guard on(stream.device());
-        nodes_[parent]->parameters_ready->make_wait(stream);
         if (wiring_.written_by_root[child]) {
           own.parameters_ready = nodes_[parent]->parameters_ready;
           continue;
         }
-        own.pull_start.record(stream);
+        device_guard on(own.side.device());
+        nodes_[parent]->parameters_ready->make_wait(own.side);
+        own.pull_start.record(own.side);
         if (wiring_.pulls_directly[child]) {
-          own.chunks.template launch<Policy>(copy_agent<stored_type>{own.parent_replica->const_view(), own.own_replica->view(), 1}, stream);
+          for (const chunk_group& run : runs)
+            own.chunks.template launch<Policy>(copy_agent<stored_type>{own.parent_replica->const_view(), own.own_replica->view(), 1},
+                                               own.side, run);
         } else {
-          run_copies_async(own.pull_copies, stream);
+          run_copies_async(own.pull_copies, own.side);
         }
-        own.parameters_done.record(stream);
+        own.parameters_done.record(own.side);
         own.parameters_ready = &own.parameters_done;
       }
     }
-    for (const auto& own : nodes_) own->parameters_ready->synchronize();
+  }
+
+  // The end of a step's last part: checked, each tower's key to the host; then order_towers_after_sides
+  // and the stages' seconds.
+  void finish_step(cuda_towers<Layout>& towers, bool checked, stage_seconds& stages) {
+    if (checked) {
+      for (const auto& own : nodes_) {
+        device_guard on(own->side.device());
+        TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(own->host_key.get(), own->key.get(), sizeof(nonfinite_key), cudaMemcpyDeviceToHost,
+                                             own->side.get()));
+      }
+    }
+    order_towers_after_sides(towers);
     tree_start_.synchronize();  // on a stream of its own, which nothing above waited for
     stages.reduce = seconds_between(tree_start_, root_end_);
-    stages.broadcast = broadcast_seconds();
-    if (towers.trace().on()) record_device_spans(towers, rounds);
+    if (!checked) stages.broadcast = broadcast_seconds();
+  }
+
+  // Each tower's next work waits for the side streams that touch its buffers — its own (its edges, its
+  // pull) and its parent's (the edge that reads its partial; the root's writes its replica) — and the
+  // host waits for every side stream.
+  void order_towers_after_sides(cuda_towers<Layout>& towers) {
+    for (const auto& own : nodes_) own->side_done.record(own->side);
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      nodes_[t]->side_done.make_wait(towers.stream(t));
+      if (t != 0) nodes_[static_cast<std::size_t>(wiring_.parent[t])]->side_done.make_wait(towers.stream(t));
+    }
+    for (const auto& own : nodes_) own->side_done.synchronize();
   }
 
   struct node {
     // `timed_rounds`: how many tree rounds get timing events (0 without a timeline).
     node(const variable_set& variables, int device, std::size_t chunk_elements, std::size_t timed_rounds)
         : chunks(make_chunk_table(variables, chunk_elements), device),
+          side(device),
+          side_done(device),
           key(cuda_device_memory{device}.allocate<nonfinite_key>(1, 256)),
           host_key(cuda_pinned_memory{}.allocate<nonfinite_key>(1)),
           partial_done(device),
@@ -267,6 +353,10 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     }
 
     device_chunk_table chunks;
+    // The tree's work on this tower's device, beside the tower's own stream: a bucket's edges and pull
+    // run while the tower computes the next layers' gradients.
+    cuda_stream side;
+    cuda_event side_done;  // the end of the side stream's work of a step
     std::unique_ptr<device_buffer> scratch;                // only without peer access to some tower
     std::unique_ptr<device_pointer_table<stored_type>> sums;          // role = tower: partial sums as this tower reads them
     std::unique_ptr<device_pointer_table<stored_type>> parent_replica, own_replica;  // only for towers that pull
@@ -319,6 +409,9 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   int root_replica_count_ = 1;
   std::vector<std::unique_ptr<node>> nodes_;
   device_average<Layout> average_;  // checked steps, on tower 0's device
+  chunks_by_variable chunk_runs_, tile_runs_;  // where a part's variables lie in the chunk table and the screen's tiles
+  std::vector<std::size_t> every_variable_;    // the whole step as one part
+  bool overlaps_;                              // buckets go during the towers (overlaps_buckets)
 };
 
 }  // namespace detail
