@@ -22,6 +22,10 @@
 // and its new slice of the parameters out, with a one-time warning through the log sink. Not yet: mixed
 // precision.
 //
+// Gradient buckets (reduce/overlapped_reduction.hpp): each owner runs its pass over the chunks of a
+// bucket that lie in its slice as soon as every tower has marked the bucket, while the towers go on;
+// it writes every replica's elements of that bucket only, which no tower reads any more this step.
+//
 // With pipeline_options::processes, the towers of several processes: reduce/sharded/gpu_towers_across_processes.cuh
 // (sharded_gpu_reducer below chooses).
 
@@ -50,6 +54,7 @@
 #include "towerpipe/reduce/sharded/gpu_owner.cuh"
 #include "towerpipe/reduce/sharded/host_towers.hpp"
 #include "towerpipe/reduce/sharded/gpu_towers_across_processes.cuh"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/stats.hpp"
 
@@ -64,7 +69,7 @@ class sharded_device_reducer {
 
   sharded_device_reducer(const variable_set& variables, const typename Optim::hyper_parameters& h, cuda_towers<Layout>& towers,
                          const pipeline_options& options)
-      : slots_(Optim::state_slots(h)), host_mirror_(variables) {
+      : slots_(Optim::state_slots(h)), host_mirror_(variables), every_variable_(every_variable(variables.count())) {
     const std::size_t n = towers.towers();
     check_device_tower_count("reduce::sharded", n);
     const std::vector<tensor_chunk> table = make_chunk_table(variables, Policy::chunk_elements);
@@ -73,45 +78,83 @@ class sharded_device_reducer {
     for (std::size_t k = 0; k < n; ++k) {
       if (!slices[k].empty()) owners_.push_back(std::make_unique<owner>(variables, table, std::move(slices[k]), k, towers, slots_, keeps));
     }
+    for (const auto& o : owners_) {
+      for (std::size_t t = 0; t < n; ++t) reaches_every_tower_ = reaches_every_tower_ && !o->copies.copied(t);
+    }
   }
 
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights, const step_constants& constants,
-                         stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::sharded");
+  // Gradient buckets (reduce/overlapped_reduction.hpp): each owner's pass over the bucket's chunks in its
+  // slice, on the owner's stream after the bucket's event on every tower, enqueued from the worker
+  // thread while the towers go on; what the towers left waits for their whole gradients and finishes
+  // the step. Off where an owner copies its slice of some tower's buffers (no peer access): the copies
+  // are of the whole slice, after the towers.
+  bool overlaps_buckets() const { return reaches_every_tower_; }
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                              const step_constants& constants, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::sharded part");
     for (auto& o : owners_) {
       device_guard on(o->device());
-      o->wait_for_gradients(towers);
-      run_copies_async(o->copies.gradients_in(), o->stream());
-      run_copies_async(o->copies.master_in(), o->stream());
-      launch_fused_apply<Policy, Optim, stored_type>(o->chunks(), o->stream(), static_cast<int>(towers.towers()),
-                                                     o->gradients.const_view(), weights, apply_for(*o, towers, constants));
-      run_copies_async(o->copies.replicas_out(), o->stream());
+      wait_for_part(*o, towers, part);
+      if (!part.during_towers()) run_copies_async(o->copies.master_in(), o->stream());
+      for (const chunk_group& run : o->chunk_runs.runs(part.variables))
+        launch_fused_apply<Policy, Optim, stored_type>(o->chunks(), o->stream(), static_cast<int>(towers.towers()),
+                                                       o->gradients.const_view(), weights, apply_for(*o, towers, constants), run);
+      if (!part.during_towers()) run_copies_async(o->copies.replicas_out(), o->stream());
     }
-    stages.reduce = finish(towers, "sharded average + apply + broadcast");
+    if (part.during_towers()) return;
+    order_towers_after_owners(towers);
+    stages.reduce = wait_for_owners(towers, "sharded average + apply + broadcast");
+  }
+  // After a failed step: the bucket passes enqueued on the owners' streams done, and the towers' next
+  // work after them.
+  void join_parts(cuda_towers<Layout>& towers) {
+    order_towers_after_owners(towers);
+    for (auto& o : owners_) o->end().synchronize();
+  }
+  screen_partials begin_screen() {
+    for (auto& o : owners_) {
+      device_guard on(o->device());
+      o->screen().reset(o->stream());
+    }
+    return {};
+  }
+  // A checked step's part: each owner's slice of the bucket's average and its screen.
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::sharded screen part");
+    for (auto& o : owners_) {
+      device_guard on(o->device());
+      wait_for_part(*o, towers, part);
+      for (const chunk_group& tiles : o->tile_runs.runs(part.variables))
+        launch_tower_screen(o->screen(), o->stream(), static_cast<int>(towers.towers()), o->gradients.const_view(), weights,
+                            o->average().view(), step, tiles);
+      if (part.during_towers()) continue;
+      o->screen().read_key(o->stream());  // also when no tile was launched
+      o->end().record(o->stream());
+    }
+    if (part.during_towers()) return;
+    // The towers may write their gradients again once every owner has read them.
+    stages.reduce = wait_for_owners(towers, "sharded average + screen");
+    partials = {};
+    for (auto& o : owners_) {
+      const screen_partials mine = o->screen().results();
+      partials.tile_sums.insert(partials.tile_sums.end(), mine.tile_sums.begin(), mine.tile_sums.end());
+      partials.first_nonfinite = std::min(partials.first_nonfinite, mine.first_nonfinite);
+    }
+  }
+
+  // The whole step: one part over every variable.
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights, const step_constants& constants,
+                         stage_seconds& stages) {
+    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
   }
 
   // A checked step, pass 1: each owner's slice of the average and its screen.
   screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
                                  const accumulation<stored_type>& step, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::sharded screen");
-    for (auto& o : owners_) {
-      device_guard on(o->device());
-      o->wait_for_gradients(towers);
-      run_copies_async(o->copies.gradients_in(), o->stream());
-      o->screen().reset(o->stream());
-      launch_tower_screen(o->screen(), o->stream(), static_cast<int>(towers.towers()), o->gradients.const_view(), weights,
-                          o->average().view(), step);
-      o->end().record(o->stream());
-    }
-    // The towers may write their gradients again once every owner has read them.
-    stages.reduce = wait_for_owners(towers, "sharded average + screen");
-    screen_partials all;
-    for (auto& o : owners_) {
-      const screen_partials mine = o->screen().results();
-      all.tile_sums.insert(all.tile_sums.end(), mine.tile_sums.begin(), mine.tile_sums.end());
-      all.first_nonfinite = std::min(all.first_nonfinite, mine.first_nonfinite);
-    }
-    return all;
+    screen_partials partials = begin_screen();
+    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
+    return partials;
   }
 
   // Pass 2: the optimizer on scale * each owner's slice of the average, the new slices into every replica.
@@ -125,7 +168,8 @@ class sharded_device_reducer {
                                         apply_for(*o, towers, constants));
       run_copies_async(o->copies.replicas_out(), o->stream());
     }
-    stages.reduce += finish(towers, "sharded apply + broadcast");
+    order_towers_after_owners(towers);
+    stages.reduce += wait_for_owners(towers, "sharded apply + broadcast");
   }
 
   std::size_t state_slots() const { return static_cast<std::size_t>(slots_); }
@@ -159,7 +203,9 @@ class sharded_device_reducer {
           tower(k),
           copies(this->slice(), towers, k, cuda_device_memory{towers.device(k)}),
           gradients(this->upload(copies.gradients(), variables, "reduce::sharded: the gradients an owner reads")),
-          replicas(this->upload(copies.replicas(), variables, "reduce::sharded: the replicas an owner writes")) {
+          replicas(this->upload(copies.replicas(), variables, "reduce::sharded: the replicas an owner writes")),
+          chunk_runs(this->chunk_list(), variables.count()),
+          tile_runs(keeps.average ? this->screen().tiles() : std::vector<tensor_chunk>{}, variables.count()) {
       for (std::size_t t = 0; t < copies.towers(); ++t) {
         if (copies.copied(t))
           log_warning(make_message("reduce::sharded: owner ", k, " (device ", this->device(), ") does not reach tower ", t, " (device ",
@@ -171,20 +217,30 @@ class sharded_device_reducer {
     slice_copies<stored_type, cuda_device_memory> copies;
     device_pointer_table<stored_type> gradients;  // role = tower
     device_pointer_table<stored_type> replicas;   // role = tower; replica 0 is the master copy every owner reads
+    chunks_by_variable chunk_runs, tile_runs;     // where a part's variables lie in its chunks and its screen's tiles
   };
 
   optimizer_apply<Optim, stored_type> apply_for(owner& o, cuda_towers<Layout>& towers, const step_constants& constants) {
     return {o.replicas.view(), o.state(), static_cast<int>(towers.towers()), slots_, constants, {}};
   }
 
-  // Every tower's next work waits for every owner's writes; the host waits for all. Returns the slowest
-  // owner's seconds.
-  double finish(cuda_towers<Layout>& towers, const char* span_name) {
+  // Every tower's next work waits for every owner's writes (and reads of its gradients).
+  void order_towers_after_owners(cuda_towers<Layout>& towers) {
     for (auto& o : owners_) o->end().record(o->stream());
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       for (auto& o : owners_) o->end().make_wait(towers.stream(t));
     }
-    return wait_for_owners(towers, span_name);
+  }
+
+  // On the owner's stream: a bucket's pass after the bucket's event on every tower; what the towers left
+  // after their whole gradients (its timing starts there), copied in where the owner does not reach them.
+  static void wait_for_part(owner& o, cuda_towers<Layout>& towers, const step_part& part) {
+    if (part.during_towers()) {
+      for (std::size_t t = 0; t < towers.towers(); ++t) towers.bucket_done(t, part.bucket).make_wait(o.stream());
+      return;
+    }
+    o.wait_for_gradients(towers);
+    run_copies_async(o.copies.gradients_in(), o.stream());
   }
 
   // The host waits for every owner's end event; each owner's span goes on the timeline. Returns the
@@ -202,6 +258,8 @@ class sharded_device_reducer {
   int slots_;
   typename Layout::template buffer<host_memory> host_mirror_;
   std::vector<std::unique_ptr<owner>> owners_;  // one per tower with a non-empty slice
+  std::vector<std::size_t> every_variable_;     // the whole step as one part
+  bool reaches_every_tower_ = true;             // no owner copies a tower's slice (overlaps_buckets)
 };
 
 // reduce::sharded for GPU towers: over the towers' devices in this process, or, given a process group
@@ -231,6 +289,22 @@ class sharded_gpu_reducer {
   }
   void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const constants_type& constants, stage_seconds& stages) {
     either([&](auto& r) { r.apply_averaged(towers, scale, constants, stages); });
+  }
+  // Gradient buckets: the form chosen's (each says what goes during the towers).
+  bool overlaps_buckets() const { return within_ ? within_->overlaps_buckets() : across_->overlaps_buckets(); }
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                              const constants_type& constants, stage_seconds& stages) {
+    either([&](auto& r) { r.average_and_apply_part(towers, part, weights, constants, stages); });
+  }
+  screen_partials begin_screen() {
+    return either([&](auto& r) { return r.begin_screen(); });
+  }
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+    either([&](auto& r) { r.screen_part(towers, part, weights, step, partials, stages); });
+  }
+  void join_parts(cuda_towers<Layout>& towers) {
+    either([&](auto& r) { r.join_parts(towers); });
   }
   void parameter_set(std::size_t index, const stored_type* values) {
     if (across_) across_->parameter_set(index, values);  // within one process, the owners read tower 0's replica

@@ -22,6 +22,10 @@
 // host towers (reduce/sharded/host_towers.hpp). Local towers whose devices tower 0's cannot address (no peer access,
 // or pipeline_options::direct_device_access off) have their gradients copied in and their parameters
 // copied out (cudaMemcpyPeerAsync), with a one-time warning through the log sink.
+//
+// Gradient buckets (reduce/overlapped_reduction.hpp): a bucket's contributions (step 1) go as soon as
+// every local tower has marked it, while the towers go on; the exchange waits for the last bucket (see
+// average_and_apply_part).
 
 #include <cuda_runtime.h>
 
@@ -47,6 +51,7 @@
 #include "towerpipe/programs/exchange_plan.hpp"
 #include "towerpipe/programs/process_agents.hpp"
 #include "towerpipe/reduce/sharded/gpu_owner.cuh"
+#include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/stats.hpp"
 
@@ -83,6 +88,7 @@ class sharded_process_reducer {
         received_rows_(owner_.upload(buffers_.received_rows, variables, "reduce::sharded: the rows this process receives")),
         gathered_flat_(vector_pointer_table<Policy>(buffers_.gathered_flat, count(), table_, device_,
                                                     "reduce::sharded: the gathered parameters")),
+        every_variable_(every_variable(variables.count())),
         host_slice_(plan_.mine().stored_elements),
         host_state_(plan_.total()) {
     check_device_tower_count("reduce::sharded", towers.towers());
@@ -107,36 +113,69 @@ class sharded_process_reducer {
     }
   }
 
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights, const constants_type& constants,
-                         stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::sharded across processes");
+  // Gradient buckets (reduce/overlapped_reduction.hpp): a bucket's contributions (step 1) over its
+  // chunks, on the owner's stream after the bucket's event on every local tower, while the towers go on.
+  // The exchange and everything after it wait for the last bucket: the all-to-all moves every owner's
+  // rows at once (its blocks are fixed per step), and the owners' passes need every process's rows.
+  // Off where local towers' gradients are copied whole to tower 0's device (no peer access).
+  bool overlaps_buckets() const { return copies_.reached() == static_cast<int>(copies_.towers()); }
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                              const constants_type& constants, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::sharded across processes: part");
     device_guard on(device_);
     const auto start = std::chrono::steady_clock::now();
-    wait_for_gradients(towers);
-    send_contributions(weights, nullptr);
+    wait_for_part(towers, part);
+    contribute(part, weights, nullptr);
+    if (part.during_towers()) return;
+    exchange();
     if (!plan_.mine().empty())
       owner_.chunks().template launch<Policy>(
           rows_apply_agent<Optim, stored_type>{{received_rows_.const_view(), plan_.rows()}, apply(constants)}, owner_.stream());
     finish(towers, start, stages);
   }
-
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                                 const accumulation<stored_type>& step, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::sharded across processes: screen");
+  // After a failed step: the contributions enqueued on the owner's stream done, and the towers' next
+  // work after them.
+  void join_parts(cuda_towers<Layout>& towers) {
+    device_guard on(device_);
+    owner_.end().record(owner_.stream());
+    for (std::size_t t = 0; t < towers.towers(); ++t) owner_.end().make_wait(towers.stream(t));
+    owner_.end().synchronize();
+  }
+  // Before a checked step's parts: the key the senders lower.
+  screen_partials begin_screen() {
+    device_guard on(device_);
+    owner_.screen().reset(owner_.stream());
+    return {};
+  }
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+    const nvtx_range range("towerpipe reduce::sharded across processes: screen part");
     device_guard on(device_);
     const auto start = std::chrono::steady_clock::now();
     const device_screen& screen = owner_.screen();
+    wait_for_part(towers, part);
+    contribute(part, weights, screen.first_nonfinite());
+    if (part.during_towers()) return;
+    exchange();
     const device_pointer_table<stored_type>& average = owner_.average();
-    wait_for_gradients(towers);
-    screen.reset(owner_.stream());
-    send_contributions(weights, screen.first_nonfinite());
     const accumulating_source<rows_sum_source<stored_type>, stored_type> source{
         {received_rows_.const_view(), plan_.rows()}, average.view(), step};
     screen.launch(source, average.view(), owner_.stream());
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(owner_.stream().get()));
-    const screen_partials all = span_.share_screen(screen.results());
+    partials = span_.share_screen(screen.results());
     stages.reduce = seconds_since(start);
-    return all;
+  }
+
+  // The whole step: one part over every variable.
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights, const constants_type& constants,
+                         stage_seconds& stages) {
+    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
+  }
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
+                                 const accumulation<stored_type>& step, stage_seconds& stages) {
+    screen_partials partials = begin_screen();
+    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
+    return partials;
   }
 
   void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const constants_type& constants, stage_seconds& stages) {
@@ -184,9 +223,11 @@ class sharded_process_reducer {
   struct send_rows {
     send_rows(const std::vector<tensor_chunk>& chunks, const std::vector<stored_type*>& rows, int variables, int device)
         : chunks(chunks, device),
-          rows(vector_pointer_table<Policy>(rows, variables, chunks, device, "reduce::sharded: the rows sent to an owner")) {}
+          rows(vector_pointer_table<Policy>(rows, variables, chunks, device, "reduce::sharded: the rows sent to an owner")),
+          runs(chunks, static_cast<std::size_t>(variables)) {}
     device_chunk_table chunks;
     device_pointer_table<stored_type> rows;
+    chunks_by_variable runs;  // where a part's variables lie in chunks
   };
 
   static double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -199,21 +240,31 @@ class sharded_process_reducer {
     return {owner_.master(), owner_.state(), 1, owner_.slots(), constants, {}};
   }
 
-  // On the owner's stream, after every tower's gradients: the copies of the towers tower 0's device does not reach.
-  void wait_for_gradients(cuda_towers<Layout>& towers) {
+  // On the owner's stream: a bucket's contributions after the bucket's event on every local tower; what
+  // the towers left after their whole gradients (the timing starts there), with the copies of the
+  // towers tower 0's device does not reach.
+  void wait_for_part(cuda_towers<Layout>& towers, const step_part& part) {
+    if (part.during_towers()) {
+      for (std::size_t t = 0; t < towers.towers(); ++t) towers.bucket_done(t, part.bucket).make_wait(owner_.stream());
+      return;
+    }
     owner_.wait_for_gradients(towers);
     run_copies_async(copies_.gradients_in(), owner_.stream());
   }
 
-  // Steps 1 and 2 (see the top); first_nonfinite: where a checked step's senders note raw values.
-  void send_contributions(const std::vector<stored_type>& weights, nonfinite_key* first_nonfinite) {
+  // Step 1 (see the top) over the part's chunks of every owner's slice; first_nonfinite: where a checked
+  // step's senders note raw values.
+  void contribute(const step_part& part, const std::vector<stored_type>& weights, nonfinite_key* first_nonfinite) {
     contribution_agent<stored_type> agent{gradients_.const_view(), static_cast<int>(weights.size()), plan_.contributions() == 1, {},
                                           static_cast<unsigned>(span_.global_tower(0)), {}, first_nonfinite};
     for (std::size_t t = 0; t < weights.size(); ++t) agent.weights.value[t] = weights[t];
     for (const auto& owner : sends_) {
       agent.rows = owner->rows.view();
-      owner->chunks.template launch<Policy>(agent, owner_.stream());
+      for (const chunk_group& run : owner->runs.runs(part.variables)) owner->chunks.template launch<Policy>(agent, owner_.stream(), run);
     }
+  }
+  // Step 2: every owner gets every process's rows of its slice.
+  void exchange() {
     collectives_->all_to_all_on_device(buffers_.send.get(), send_blocks_.offsets, send_blocks_.bytes, buffers_.received.get(),
                                        receive_blocks_.offsets, receive_blocks_.bytes, owner_.stream().get(),
                                        "sending gradients to their owners");
@@ -255,6 +306,7 @@ class sharded_process_reducer {
   device_pointer_table<stored_type> received_rows_;  // role = global row
   device_pointer_table<stored_type> gathered_flat_;  // role 0: every variable, end to end, padded
   std::vector<std::unique_ptr<send_rows>> sends_;    // one per owner with a non-empty slice
+  std::vector<std::size_t> every_variable_;          // the whole step as one part
   device_collectives* collectives_ = nullptr;
   std::unique_ptr<staged_collectives> staged_;
   std::vector<stored_type> host_slice_, host_state_;
