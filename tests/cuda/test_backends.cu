@@ -300,8 +300,9 @@ __global__ void spin_for(long long cycles) {
 
 // Gradient buckets (one variable a bucket) marked ready in reverse order while each tower's stream is
 // kept busy between marks: every replica equals the unbucketed host pipeline bitwise, checked and
-// unchecked; device0 reducing directly and reduce::host take every bucket during the towers, the others
-// after them.
+// unchecked; every backend takes every bucket during the towers, except where it copies whole buffers
+// (no direct access to another tower's; reduce::host downloads them anyway) and p2p_tree with
+// poison_gradients (its edges write partial sums into gradients the poison check reads at return).
 // uneven: only the even towers mark; the odd ones complete every bucket by returning, before or after
 // the even ones' marks (then a bucket's pass must wait for all of an odd tower's work).
 template <class Reduce>
@@ -337,9 +338,9 @@ void check_buckets(std::size_t towers, bool direct, bool uneven, const pipeline_
       TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
       return 0.0;
     });
-    // device0 copies other towers' gradients without direct access (tower 0's own never), and then
-    // reduces every bucket after the towers; reduce::host downloads them anyway.
-    const bool overlapped = std::is_same_v<Reduce, reduce::host> || (std::is_same_v<Reduce, reduce::device0> && (direct || towers == 1));
+    // Without direct access the device backends copy other towers' buffers (a tower's own never).
+    const bool overlapped = std::is_same_v<Reduce, reduce::host> ||
+                            ((direct || towers == 1) && !(std::is_same_v<Reduce, reduce::p2p_tree> && base.poison_gradients));
     CHECK(stats.buckets == test_variables.count());
     if (uneven && towers > 1) CHECK(stats.buckets_during_towers <= (overlapped ? stats.buckets : 0));
     else CHECK(stats.buckets_during_towers == (overlapped ? stats.buckets : 0));
@@ -354,10 +355,11 @@ void check_buckets(std::size_t towers, bool direct, bool uneven, const pipeline_
 
 template <class Reduce>
 void check_buckets_everywhere(std::uint64_t salt) {
-  pipeline_options unchecked, checked;
+  pipeline_options unchecked, checked, poisoned;
   unchecked.on_nonfinite = nonfinite_policy::unchecked;
-  checked.max_grad_norm = 1.0;
-  for (const pipeline_options& options : {unchecked, checked}) {
+  checked.max_grad_norm = poisoned.max_grad_norm = 1.0;
+  poisoned.poison_gradients = true;
+  for (const pipeline_options& options : {unchecked, checked, poisoned}) {
     for (std::size_t towers = 1; towers <= max_towers(); towers *= 2) {
       for (const bool direct : {true, false}) {
         for (const bool uneven : {false, true}) check_buckets<Reduce>(towers, direct, uneven, options, salt + towers);

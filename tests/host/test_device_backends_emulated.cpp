@@ -12,6 +12,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <memory>
 
 #include "emulated_towers.hpp"
@@ -28,6 +31,22 @@ using towers_of = emulated_towers<Optim, Layout>;
 template <class Optim>
 using constants_of = typename Optim::template step_constants<float>;
 
+// The parts of an unchecked step as the reducers take them (reduce/overlapped_reduction.hpp): gradient
+// buckets, then what the towers left; by default one part of every variable (the whole step). Each
+// emulated reducer calls before_part(part), where set, as a part starts.
+using step_parts = std::vector<std::vector<std::size_t>>;
+using part_hook = std::function<void(const std::vector<std::size_t>&)>;
+
+// The chunks of `table` that a part's launches cover: the runs of its variables (chunks_by_variable, as
+// the reducers find them), in order.
+inline std::vector<tensor_chunk> part_chunks(const std::vector<tensor_chunk>& table, std::size_t variables,
+                                             const std::vector<std::size_t>& part) {
+  std::vector<tensor_chunk> chunks;
+  for (const chunk_group& run : chunks_by_variable(table, variables).runs(part))
+    chunks.insert(chunks.end(), table.begin() + static_cast<std::ptrdiff_t>(run.first), table.begin() + static_cast<std::ptrdiff_t>(run.last));
+  return chunks;
+}
+
 // A checked step's whole average on the reducing device, as device0 and p2p_tree keep it.
 template <class Optim, class Layout>
 struct whole_average {
@@ -43,9 +62,21 @@ template <class Optim, class Layout>
 class emulated_device0 {
  public:
   emulated_device0(towers_of<Optim, Layout>& towers, bool unrolled)
-      : towers_(towers), copies_(towers, 0, nan_filled_memory{}, true), average_(towers), unrolled_(unrolled) {}
+      : parts{every_variable(towers.variables().count())},
+        towers_(towers),
+        copies_(towers, 0, nan_filled_memory{}, true),
+        average_(towers),
+        unrolled_(unrolled) {}
 
+  step_parts parts;
+  part_hook before_part;
   void average_and_apply(const std::vector<float>& weights, const constants_of<Optim>& c) {
+    for (const std::vector<std::size_t>& part : parts) {
+      if (before_part) before_part(part);
+      average_and_apply_part(weights, c, part_chunks(towers_.chunks(), towers_.variables().count(), part));
+    }
+  }
+  void average_and_apply_part(const std::vector<float>& weights, const constants_of<Optim>& c, const std::vector<tensor_chunk>& chunks) {
     run_copies_on_host(copies_.gradients_in());
     const auto apply = replicas_apply(c);
     const int n = static_cast<int>(towers_.towers());
@@ -53,8 +84,8 @@ class emulated_device0 {
     fused_apply_agent<Optim, float, 0> any{const_table(copies_.gradients(), towers_.count()), n, {}, apply};
     std::copy(weights.begin(), weights.end(), eight.weights);
     std::copy(weights.begin(), weights.end(), any.weights);
-    if (unrolled_ && n == 8) run_agent_on_host(eight, towers_.chunks());
-    else run_agent_on_host(any, towers_.chunks());
+    if (unrolled_ && n == 8) run_agent_on_host(eight, chunks);
+    else run_agent_on_host(any, chunks);
     run_copies_on_host(copies_.replicas_out());
   }
   screen_partials screen_average(const std::vector<float>& weights) {
@@ -91,7 +122,11 @@ template <class Optim, class Layout>
 class emulated_p2p_tree {
  public:
   explicit emulated_p2p_tree(towers_of<Optim, Layout>& towers)
-      : towers_(towers), wiring_(towers.access()), scratch_(towers.towers()), average_(towers) {
+      : parts{every_variable(towers.variables().count())},
+        towers_(towers),
+        wiring_(towers.access()),
+        scratch_(towers.towers()),
+        average_(towers) {
     const std::size_t n = towers.towers();
     for (std::size_t t = 0; t < n; ++t) {
       if (wiring_.needs_scratch[t]) scratch_[t] = std::make_unique<copy_buffer>(towers.variables(), nan_filled_memory{});
@@ -106,19 +141,25 @@ class emulated_p2p_tree {
     root_targets_ = wiring_.root_target_pointers<float>(towers);
   }
 
+  step_parts parts;
+  part_hook before_part;
+  // Each part's rounds, root edge and pulls over the part's chunks only.
   void average_and_apply(const std::vector<float>& weights, const constants_of<Optim>& c) {
-    const auto rounds = run_tree(weights, nullptr);
-    if (rounds.empty()) {
-      run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(sums_[0], count()), 1, {weights[0]}, root_apply(c)},
-                        towers_.chunks());
-    } else {
-      run_agent_on_host(tree_root_agent<Optim, float>{table(sums_[0], count()), rounds.back().front(), root_apply(c)}, towers_.chunks());
+    for (const std::vector<std::size_t>& part : parts) {
+      if (before_part) before_part(part);
+      const std::vector<tensor_chunk> chunks = part_chunks(towers_.chunks(), towers_.variables().count(), part);
+      const auto rounds = run_tree(weights, nullptr, chunks);
+      if (rounds.empty()) {
+        run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(sums_[0], count()), 1, {weights[0]}, root_apply(c)}, chunks);
+      } else {
+        run_agent_on_host(tree_root_agent<Optim, float>{table(sums_[0], count()), rounds.back().front(), root_apply(c)}, chunks);
+      }
+      broadcast(rounds, chunks);
     }
-    broadcast(rounds);
   }
   screen_partials screen_average(const std::vector<float>& weights) {
     screen_partials partials;
-    const auto rounds = run_tree(weights, &partials.first_nonfinite);
+    const auto rounds = run_tree(weights, &partials.first_nonfinite, towers_.chunks());
     const pointer_table<float> averaged = table(average_.pointers, count());
     const std::vector<tensor_chunk> tiles = make_chunk_table(towers_.variables(), screen_tile_elements);
     if (rounds.empty()) {
@@ -135,7 +176,8 @@ class emulated_p2p_tree {
   void apply_averaged(float scale, const constants_of<Optim>& c) {
     run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(average_.pointers, count()), 1, {scale}, root_apply(c)},
                       towers_.chunks());
-    broadcast(canonical_tree_rounds<float>(static_cast<int>(towers_.towers()), std::vector<float>(towers_.towers(), 1.0f)));
+    broadcast(canonical_tree_rounds<float>(static_cast<int>(towers_.towers()), std::vector<float>(towers_.towers(), 1.0f)),
+              towers_.chunks());
   }
 
  private:
@@ -145,20 +187,21 @@ class emulated_p2p_tree {
     return towers_.apply(table(root_targets_, count()), wiring_.root_replicas(), c);
   }
 
-  // Every round but the last, then the root edge's operand (the reducer's run_tree).
-  std::vector<std::vector<tree_edge<float>>> run_tree(const std::vector<float>& weights, nonfinite_key* first_nonfinite) {
+  // Every round but the last over `chunks`, then the root edge's operand (the reducer's run_rounds).
+  std::vector<std::vector<tree_edge<float>>> run_tree(const std::vector<float>& weights, nonfinite_key* first_nonfinite,
+                                                      const std::vector<tensor_chunk>& chunks) {
     const auto rounds = canonical_tree_rounds<float>(static_cast<int>(towers_.towers()), weights);
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
       for (const tree_edge<float>& edge : rounds[r]) {
         run_copies_on_host(operand_copies_[static_cast<std::size_t>(edge.right)]);
         run_agent_on_host(tree_round_agent<float>{table(sums_[static_cast<std::size_t>(edge.left)], count()), edge, first_nonfinite},
-                          towers_.chunks());
+                          chunks);
       }
     }
     if (!rounds.empty()) run_copies_on_host(operand_copies_[static_cast<std::size_t>(rounds.back().front().right)]);
     return rounds;
   }
-  void broadcast(const std::vector<std::vector<tree_edge<float>>>& rounds) {
+  void broadcast(const std::vector<std::vector<tree_edge<float>>>& rounds, const std::vector<tensor_chunk>& chunks) {
     for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
       for (const tree_edge<float>& edge : *r) {
         const std::size_t child = static_cast<std::size_t>(edge.right), parent = static_cast<std::size_t>(edge.left);
@@ -166,7 +209,7 @@ class emulated_p2p_tree {
         if (wiring_.pulls_directly[child]) {
           const std::vector<float*> source = gather_pointers<float>(std::vector<decltype(&towers_.replica(0))>{&towers_.replica(parent)});
           const std::vector<float*> target = gather_pointers<float>(std::vector<decltype(&towers_.replica(0))>{&towers_.replica(child)});
-          run_agent_on_host(copy_agent<float>{const_table(source, count()), table(target, count()), 1}, towers_.chunks());
+          run_agent_on_host(copy_agent<float>{const_table(source, count()), table(target, count()), 1}, chunks);
         } else {
           run_copies_on_host(pull_copies_[child]);
         }
@@ -189,7 +232,8 @@ class emulated_p2p_tree {
 template <class Optim, class Layout>
 class emulated_sharded {
  public:
-  emulated_sharded(towers_of<Optim, Layout>& towers, const typename Optim::hyper_parameters& h, bool checked) : towers_(towers) {
+  emulated_sharded(towers_of<Optim, Layout>& towers, const typename Optim::hyper_parameters& h, bool checked)
+      : parts{every_variable(towers.variables().count())}, towers_(towers) {
     std::vector<owner_slice> slices = cut_into_slices(towers.chunks(), towers.towers());
     for (std::size_t k = 0; k < slices.size(); ++k) {
       if (slices[k].empty()) continue;
@@ -202,15 +246,21 @@ class emulated_sharded {
     }
   }
 
+  step_parts parts;
+  part_hook before_part;
+  // Each part: every owner's pass over the part's chunks in its slice.
   void average_and_apply(const std::vector<float>& weights, const constants_of<Optim>& c) {
-    for (auto& o : owners_) {
-      run_copies_on_host(o->copies->gradients_in());
-      run_copies_on_host(o->copies->master_in());
-      fused_apply_agent<Optim, float, 0> agent{const_table(o->copies->gradients(), count()), static_cast<int>(towers_.towers()), {},
-                                               apply(*o, c)};
-      std::copy(weights.begin(), weights.end(), agent.weights);
-      run_agent_on_host(agent, o->parts.chunks());
-      run_copies_on_host(o->copies->replicas_out());
+    for (const std::vector<std::size_t>& part : parts) {
+      if (before_part) before_part(part);
+      for (auto& o : owners_) {
+        run_copies_on_host(o->copies->gradients_in());
+        run_copies_on_host(o->copies->master_in());
+        fused_apply_agent<Optim, float, 0> agent{const_table(o->copies->gradients(), count()), static_cast<int>(towers_.towers()), {},
+                                                 apply(*o, c)};
+        std::copy(weights.begin(), weights.end(), agent.weights);
+        run_agent_on_host(agent, part_chunks(o->parts.chunks(), towers_.variables().count(), part));
+        run_copies_on_host(o->copies->replicas_out());
+      }
     }
   }
   // Each owner screens its slice's average over its tiles; in owner order they are the whole table's.
@@ -268,8 +318,21 @@ void with_backend(backend kind, towers_of<Optim, Layout>& towers, const typename
   }
 }
 
+template <class Towers>
+void fill_gradients_with_nan(Towers& towers) {
+  for (std::size_t t = 0; t < towers.towers(); ++t) {
+    for (std::size_t v = 0; v < towers.variables().count(); ++v) {
+      for (float& x : towers.gradients(t).view(v)) x = std::nanf("");
+    }
+  }
+}
+
+// `parts`: an unchecked step's parts (empty: the whole step as one). With parts, a part's gradients
+// are there only from its start (NaN before: an earlier part that read them would spread NaN), and no
+// earlier part may have written its variables' replicas (poisoned NaN).
 template <class Optim, class Layout>
-void check_emulated_backend(backend kind, topology links, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+void check_emulated_backend(backend kind, topology links, const typename Optim::hyper_parameters& h, std::uint64_t salt,
+                            const step_parts& parts = {}) {
   using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
   const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {7}}};
   random_source random(salt);
@@ -291,10 +354,22 @@ void check_emulated_backend(backend kind, topology links, const typename Optim::
     batch b;
     b.add("x", x.data(), examples, {1});
     with_backend(kind, towers, h, false, [&](auto& reducer) {
+      if (!parts.empty()) reducer.parts = parts;
       for (std::int64_t step = 1; step <= 10; ++step) {
         INFO("step " << step);
-        step_and_load(reference, towers, b, draw_gradients(random, variables, n));
+        const auto grads = draw_gradients(random, variables, n);
+        step_and_load(reference, towers, b, grads);
         towers.poison_replicas();
+        if (!parts.empty()) reducer.before_part = [&](const std::vector<std::size_t>& part) {
+          for (std::size_t v : part) {
+            for (std::size_t t = 0; t < n; ++t) {
+              const auto replica = towers.replica(t).view(v);
+              if (t > 0) REQUIRE(std::all_of(replica.begin(), replica.end(), [](float value) { return std::isnan(value); }));
+              std::copy(grads[t][v].begin(), grads[t][v].end(), towers.gradients(t).data(v));
+            }
+          }
+        };
+        if (!parts.empty()) fill_gradients_with_nan(towers);
         reducer.average_and_apply(weights, Optim::template constants<float>(h, step));
         for (std::size_t t = 0; t < n; ++t) {
           for (std::size_t v = 0; v < variables.count(); ++v)
@@ -314,6 +389,24 @@ TEMPLATE_TEST_CASE("emulated device backends, wired as on the GPU (direct or cop
     for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
       for_each_optimizer(61, [&](auto optimizer, const auto& h, std::uint64_t salt) {
         check_emulated_backend<typename decltype(optimizer)::type, TestType>(kind, links, h, salt);
+      });
+    }
+  }
+}
+
+// Gradient buckets (reduce/overlapped_reduction.hpp) on one device, where the reducers take them during
+// the towers: each part's launches over its variables' chunk runs only — p2p_tree's rounds, root edge
+// and pulls; each sharded owner's pass over the part's chunks in its slice — step after step give the
+// host pipeline's bits. Buckets of one variable in backward order with nothing left after the towers;
+// buckets of variables apart in the table (a part of several runs); a bucket of one variable's chunks
+// cut between owners.
+TEMPLATE_TEST_CASE("emulated device backends reduce gradient buckets part by part, bitwise the host pipeline",
+                   "[multi_tensor][canonical][overlap]", layout::flat<float>, layout::per_variable<float>) {
+  const std::vector<step_parts> plans{{{3}, {2}, {1}, {0}, {}}, {{1, 3}, {0}, {2}}, {{0}, {3, 2, 1}}};
+  for (backend kind : {backend::device0_runtime_towers, backend::p2p_tree, backend::sharded}) {
+    for (const step_parts& parts : plans) {
+      for_each_optimizer(81, [&](auto optimizer, const auto& h, std::uint64_t salt) {
+        check_emulated_backend<typename decltype(optimizer)::type, TestType>(kind, topology::one_device, h, salt, parts);
       });
     }
   }
