@@ -244,8 +244,8 @@ run_result dispatch(const options& o, const image_dataset& data) {
 
 // --compare-backends: the same training through every backend the towers allow, then one table. The
 // tutorial's finding — the CPU parameter server against GPU:0 — reproduced and measured. reduce::host
-// runs also with --no-overlap: it reduces buckets while the towers run (so do reduce::sharded with host
-// towers and device0; p2p_tree and sharded with GPU towers take the marks and reduce after the towers).
+// runs also with --no-overlap: it reduces buckets while the towers run (so do every other backend where
+// no buffer is copied whole, p2p_tree not with poison_gradients).
 int compare_backends(const options& given, const image_dataset& data) {
   const std::vector<std::string> backends =
       given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree", "sharded"} : std::vector<std::string>{"host", "sharded"};
