@@ -361,7 +361,8 @@ int main(int argc, char** argv) try {
     const variable_set variables = towerpipe_bench::read_shapes(o.shapes_dir + "/" + model + ".shapes");
     measure_overlaps<reduce::device0>(model, variables, o, out);
     measure_overlaps<reduce::host>(model, variables, o, out);
-    measure_overlaps<reduce::sharded>(model, variables, o, out);  // reduces after the towers: hidden ~0
+    measure_overlaps<reduce::p2p_tree>(model, variables, o, out);
+    measure_overlaps<reduce::sharded>(model, variables, o, out);
   }
   if (!o.quick) {
     for (std::size_t millions : {1, 4, 16, 64, 256}) {
