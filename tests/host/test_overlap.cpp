@@ -574,4 +574,21 @@ TEST_CASE("a bucket's part runs after every tower's tower_done for it, once, and
   CHECK(late_return.rest[0] == std::vector<std::size_t>{2, 1, 0});  // {c, b} then {a}, in the plan's order
 }
 
+// Across processes settle() runs before the processes agree on the towers: a bucket's part that failed
+// on the worker must fail it there, also for reducers that settle nothing (reduce::sharded with GPU
+// towers), or this process alone would fail later, in finish(), and leave the others in the exchange.
+TEST_CASE("settle() rethrows a bucket part's failure even without a settle callback", "[overlap][buckets]") {
+  gradient_buckets options;
+  options.cap_bytes = 100;  // {d}, {c, b}, {a}
+  detail::overlapped_reduction overlap(plan_variables, options, 1, sizeof(float));
+  overlap.begin_step(
+      [](const detail::step_part& part) {
+        if (part.during_towers()) detail::fail("a bucket's part failed");
+      },
+      true);
+  play_tower(overlap, 0, {3});  // {d} goes on the worker and fails there
+  CHECK_THROWS_WITH(overlap.settle(), Catch::Contains("a bucket's part failed"));
+  CHECK(overlap.abandon() == 0);
+}
+
 }  // namespace

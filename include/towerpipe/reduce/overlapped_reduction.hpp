@@ -85,20 +85,25 @@ class overlapped_reduction final : public tower_ready_listener {
     double seconds_during_towers = 0;       // the worker's time on them
   };
   // After every tower returned, or one failed, while buckets went during the towers: waits for the
-  // buckets in flight, then hands what is left to `settle` — also after a failure, which it rethrows
-  // then (the first, a bucket's or the settling's).
+  // buckets in flight, then hands what is left to `settle` (where given) — also after a failure, which
+  // it rethrows then (the first, a bucket's or the settling's). Across processes this runs before the
+  // processes agree on the towers, so a bucket's failure is in every process's verdict even without a
+  // `settle` (reduce::sharded with GPU towers): found only in finish(), it would fail this process
+  // alone and leave the others in the exchange.
   void settle() {
-    if (!during_towers_ || !settle_) return;
+    if (!during_towers_) return;
     std::exception_ptr failure;
     try {
       seconds_during_towers_ += worker_.drain();
     } catch (...) {
       failure = std::current_exception();
     }
-    try {
-      settle_(step_part{rest(), no_bucket});
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
+    if (settle_) {
+      try {
+        settle_(step_part{rest(), no_bucket});
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
     }
     if (failure) std::rethrow_exception(failure);
   }
