@@ -4,7 +4,8 @@
 //   batch --split--> shard_i --tower fn--> gradients_i --average+apply--> parameters --broadcast--> towers
 //
 // instantiated from compile-time policies: the execution space of the towers (exec::host, ...), the
-// reduction backend (reduce::host, ...), the optimizer (optim::sgd, optim::adam, optim::adamw) and the
+// reduction backend (reduce::host, ..., or reduce::automatic, which picks one: backend_name()), the
+// optimizer (optim::sgd, optim::adam, optim::adamw) and the
 // layout of parameters, gradients and optimizer state (layout::per_variable<T>, layout::flat<T>).
 //
 // Guarantees: a step either completes or changes nothing (bad batch, a tower that throws or leaves a
@@ -112,6 +113,8 @@ class pipeline {
     if (options_.processes && !spans_processes)
       detail::fail("pipeline_options::processes is set, but reduce::", Reduce::name, " does not span processes: each process would ",
                    "train alone on its own shards; use reduce::sharded, or leave processes empty");
+    if (options_.time_backends > 0 && !detail::reducer_chooses_backend<reducer_type>::value)
+      detail::fail("pipeline_options::time_backends times reduce::automatic's candidates; this pipeline runs reduce::", Reduce::name);
     processes_ = std::make_unique<detail::processes>(  // alone, a process has nothing to compare
         options_, checked_steps(options_), towers,
         options_.processes ? detail::configuration_fingerprint<Optim, Layout>(Exec::name, *variables_, hyper_parameters_, towers, options_)
@@ -119,7 +122,7 @@ class pipeline {
     const detail::bucket_plan buckets = detail::make_bucket_plan(*variables_, options_.buckets, sizeof(stored_type));
     bucket_count_ = buckets.count();
     towers_ = std::make_unique<towers_type>(*variables_, towers, options_);
-    reducer_ = make_reducer();
+    reducer_ = detail::make_reducer<reducer_type, towers_type, Optim>(*variables_, hyper_parameters_, *towers_, options_, *processes_);
     if constexpr (overlaps_reduction) {
       detail::overlapped_reduction::tower_done on_tower_done;  // GPU towers: an event on the tower's stream
       if constexpr (detail::towers_record_bucket_events<towers_type>::value) {
@@ -132,6 +135,16 @@ class pipeline {
     }
     if (options_.trace != nullptr && across_processes())
       options_.trace->set_process(processes_->rank(), processes_->size(), processes_->global_tower(0));
+  }
+
+  // The reduction backend the steps run: Reduce's, or the one reduce::automatic chose; and why.
+  const char* backend_name() const {
+    if constexpr (detail::reducer_chooses_backend<reducer_type>::value) return reducer_->backend_name();
+    else return Reduce::name;
+  }
+  std::string backend_reason() const {
+    if constexpr (detail::reducer_chooses_backend<reducer_type>::value) return reducer_->choice().reason;
+    else return detail::make_message("reduce::", Reduce::name, " named by the pipeline's type");
   }
 
   pipeline(const pipeline&) = delete;
@@ -434,19 +447,6 @@ class pipeline {
   }
 
   static bool checked_steps(const pipeline_options& options) { return detail::takes_checked_steps(options, mixed_precision); }
-
-  // Reducers that need the options take them as a fourth argument; those whose towers span processes
-  // (reduce::sharded) the processes as a fifth (reduce/reducer_contract.hpp).
-  std::unique_ptr<reducer_type> make_reducer() {
-    if constexpr (spans_processes) {
-      return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_, options_, *processes_);
-    } else if constexpr (std::is_constructible<reducer_type, const variable_set&, const hyper_parameters&, towers_type&,
-                                               const pipeline_options&>::value) {
-      return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_, options_);
-    } else {
-      return std::make_unique<reducer_type>(*variables_, hyper_parameters_, *towers_);
-    }
-  }
 
   // The towers' weights w_i = examples_i / all examples; with several processes (reduce::sharded) every
   // process's shards count, stats.examples becomes their total, and the processes first agree on this

@@ -1,5 +1,5 @@
 #pragma once
-// Where the library's rare warnings go (say, "no peer access between devices 0 and 1: staged copies").
+// Where the library's rare warnings and notes go (say, "no peer access between devices 0 and 1: staged copies").
 // Nothing is printed by default (README.md, invariant 5): install a sink to see them, e.g.
 //   towerpipe::set_log_sink([](const std::string& line) { std::cerr << line << '\n'; });
 
@@ -29,10 +29,16 @@ inline void set_log_sink(log_sink sink) {
   state.sink = std::move(sink);
 }
 
-inline void log_warning(const std::string& line) {
-  detail::log_state& state = detail::log_state_instance();
+namespace detail {
+inline void log_line(const std::string& line) {
+  log_state& state = log_state_instance();
   std::lock_guard<std::mutex> lock(state.mutex);
-  if (state.sink) state.sink("towerpipe warning: " + line);
+  if (state.sink) state.sink(line);
 }
+}  // namespace detail
+
+inline void log_warning(const std::string& line) { detail::log_line("towerpipe warning: " + line); }
+// What the library decided for the user (which backend reduce::automatic chose, and why).
+inline void log_note(const std::string& line) { detail::log_line("towerpipe: " + line); }
 
 }  // namespace towerpipe

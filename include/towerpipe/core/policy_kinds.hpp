@@ -39,7 +39,7 @@ constexpr bool check_pipeline_policies() {
                 "towerpipe::pipeline: the first parameter must be an execution space: exec::host "
                 "(or exec::cuda from <towerpipe/cuda.cuh>)");
   static_assert(is_policy_of_kind<Reduce, reduce_policy_kind>::value,
-                "towerpipe::pipeline: the second parameter must be a reduction backend: reduce::host "
+                "towerpipe::pipeline: the second parameter must be a reduction backend: reduce::host, reduce::sharded, reduce::automatic "
                 "(or reduce::device0, reduce::p2p_tree from <towerpipe/cuda.cuh>)");
   static_assert(is_optimizer<Optim>::value,
                 "towerpipe::pipeline: the third parameter must be an optimizer: optim::sgd, optim::adam or optim::adamw");

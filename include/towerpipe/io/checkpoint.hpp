@@ -152,7 +152,7 @@ std::string checkpoint_bytes(const Pipeline& pipeline) {
          << "state_slots " << pipeline.optimizer_state_slots() << "\n"
          << "steps " << pipeline.steps_done() << "\n"
          << "loss_scale " << std::setprecision(9) << pipeline.loss_scale() << " " << pipeline.loss_scale_good_steps() << "\n"
-         << "written_by exec::" << Pipeline::exec_policy::name << " reduce::" << Pipeline::reduce_policy::name
+         << "written_by exec::" << Pipeline::exec_policy::name << " reduce::" << pipeline.backend_name()
          << " layout::" << Pipeline::layout_policy::name << "\n"
          << "variables " << variables.count() << "\n"
          << detail::describe_variables(variables);

@@ -43,6 +43,8 @@
 //                                                       pass (and fills stages.reduce, stages.broadcast);
 //                                                       begin_screen() before a checked step's parts;
 //                                                       the others reduce every bucket after the towers
+//   const char* backend_name() const, const backend_choice& choice() const
+//                                                       reduce::automatic: the backend it runs, and why
 //   void join_parts(towers&)                            after a failed step: waits for the parts it
 //                                                       enqueued (on devices), orders the towers' next
 //                                                       work after them, and forgets the step's parts
@@ -53,6 +55,7 @@
 //                                                       its towers did (reduce::sharded: the rest of the
 //                                                       exchange); the part of `rest` then finishes
 #include <cstddef>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -98,6 +101,7 @@ TOWERPIPE_DETECT_MEMBER(reducer_has_state_on_host, std::declval<T&>().state_on_h
 TOWERPIPE_DETECT_MEMBER(reducer_has_set_state, std::declval<T&>().set_state(std::size_t{}, std::size_t{}, nullptr));
 TOWERPIPE_DETECT_MEMBER(reducer_has_master_on_host, std::declval<T&>().master_on_host(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(reducer_has_parameter_set, std::declval<T&>().parameter_set(std::size_t{}, nullptr));
+TOWERPIPE_DETECT_MEMBER(reducer_chooses_backend, std::declval<const T&>().choice());
 TOWERPIPE_DETECT_MEMBER(reducer_spreads_state, std::declval<const T&>().state_bytes_per_tower(std::size_t{}));
 
 template <class Reducer, class Towers, class Optim, class T, class = void>
@@ -132,6 +136,21 @@ struct reducer_settles_parts<Reducer, Towers, T,
 template <class Reducer, class Towers, class Optim>
 using reducer_spans_processes = std::is_constructible<Reducer, const variable_set&, const typename Optim::hyper_parameters&, Towers&,
                                                       const pipeline_options&, const processes&>;
+
+// Builds a reducer with the arguments its constructors take: the options as a fourth argument where it
+// reads them, the processes as a fifth where its towers span processes (reduce::sharded).
+template <class Reducer, class Towers, class Optim>
+std::unique_ptr<Reducer> make_reducer(const variable_set& variables, const typename Optim::hyper_parameters& h, Towers& towers,
+                                      const pipeline_options& options, const processes& span) {
+  if constexpr (reducer_spans_processes<Reducer, Towers, Optim>::value) {
+    return std::make_unique<Reducer>(variables, h, towers, options, span);
+  } else if constexpr (std::is_constructible<Reducer, const variable_set&, const typename Optim::hyper_parameters&, Towers&,
+                                             const pipeline_options&>::value) {
+    return std::make_unique<Reducer>(variables, h, towers, options);
+  } else {
+    return std::make_unique<Reducer>(variables, h, towers);
+  }
+}
 
 template <class Reducer, class Towers, class Optim, class T, bool MixedPrecision>
 constexpr bool check_reducer_contract() {

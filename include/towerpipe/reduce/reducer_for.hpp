@@ -12,9 +12,9 @@ template <class Exec, class Reduce, class Optim, class Layout>
 struct reducer_for {
   static_assert(detail::dependent_false<Exec, Reduce>,
                 "towerpipe: no reduction backend for this execution space. Valid pairs: "
-                "(exec::host, reduce::host), (exec::host, reduce::sharded); with <towerpipe/cuda.cuh>: "
+                "(exec::host, reduce::host), (exec::host, reduce::sharded), (exec::host, reduce::automatic); with <towerpipe/cuda.cuh>: "
                 "(exec::cuda, reduce::host), (exec::cuda, reduce::device0), (exec::cuda, reduce::p2p_tree), "
-                "(exec::cuda, reduce::sharded)");
+                "(exec::cuda, reduce::sharded), (exec::cuda, reduce::automatic)");
 };
 
 }  // namespace towerpipe

@@ -76,6 +76,16 @@ struct pipeline_options {
   // backends reduce after the towers), or every bucket after them. false changes no result.
   bool overlap_reduction = true;
 
+  // reduce::automatic: time each candidate backend this many times on the first step that applies the
+  // optimizer, on that step's own gradients, and keep the fastest (median); 0: the rule alone
+  // (reduce/backend_choice.hpp). The candidates' results are compared bit for bit while timing (a
+  // difference throws, naming the backends and the variable, and changes nothing). Each trial starts
+  // from the parameters, optimizer state and gradients the step began with, so the step is applied
+  // once: training is bitwise the same as without timing, the tower functions run once, and only that
+  // step takes longer. Every bucket of that step is reduced after the towers. Not with
+  // accumulation_steps > 1.
+  std::size_t time_backends = 0;
+
   // reduce::sharded: the processes the towers span (comm/mpi.hpp: mpi_process_group; for GPU towers also
   // comm/nccl.cuh: nccl_process_group), each running one pipeline with the same number of towers; empty:
   // this process alone. Shared, so that several pipelines may use one group.

@@ -20,6 +20,9 @@ inline void validate(const pipeline_options& options, std::size_t towers, std::s
   if (options.loss_scale.mode == loss_scale_mode::dynamic && options.on_nonfinite != nonfinite_policy::skip)
     fail("dynamic loss scaling skips the steps that overflow by design: it needs on_nonfinite = skip");
   if (options.accumulation_steps == 0) fail("pipeline_options::accumulation_steps must be >= 1");
+  if (options.time_backends > 0 && options.accumulation_steps > 1)
+    fail("pipeline_options::time_backends times whole optimizer steps: it does not take accumulation_steps > 1 (",
+         options.accumulation_steps, " given)");
   if (!(options.max_grad_norm >= 0) || std::isinf(options.max_grad_norm))
     fail("pipeline_options::max_grad_norm must be finite and >= 0 (0: no clipping); ", options.max_grad_norm, " given");
   if (checked && towers >= nonfinite_sum_tower)

@@ -1,0 +1,204 @@
+// reduce::automatic on host towers: it names the backend it runs and trains bitwise as that backend
+// does; pipeline_options::time_backends trains bitwise as not timing (the step applied once, the
+// tower functions run once), and a candidate that disagrees stops the step naming both backends and
+// the variable, changing nothing.
+
+#include <catch2/catch.hpp>
+
+#include <towerpipe/towerpipe.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace {
+
+using namespace towerpipe;
+using towerpipe_tests::first_bitwise_difference;
+using towerpipe_tests::random_source;
+
+// "tail" spans more than one task of the thread pool.
+variable_set some_variables() { return variable_set{{"w", {11, 5}}, {"b", {11}}, {"tail", {36000}}}; }
+
+std::atomic<int> tower_calls{0};
+
+// Each tower's gradient: a fixed function of the tower's shard and the parameters.
+template <class Context>
+double tower_gradient(Context& tower) {
+  using G = typename Context::value_type;
+  ++tower_calls;
+  const auto x = tower.template input<float>("x");
+  float mean = 0;
+  for (std::size_t e = 0; e < x.examples(); ++e) mean += x(e, 0);
+  mean /= static_cast<float>(x.examples());
+  for (std::size_t v = 0; v < 3; ++v) {
+    const auto p = tower.parameter(v);
+    auto g = tower.gradient(v);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g.data()[i] = G(0.5f * static_cast<float>(p.data()[i]) + mean * static_cast<float>(i % 7) + 0.01f * static_cast<float>(tower.tower()));
+  }
+  return static_cast<double>(mean);
+}
+
+// Trains `a` and `b` side by side from the same start for `steps` steps and checks that they end
+// bitwise equal: parameters, optimizer state, steps done, losses.
+template <class A, class B>
+void train_alike(A& a, B& b, int steps, std::uint64_t salt) {
+  random_source random(salt);
+  INFO("seed " << random.seed());
+  for (std::size_t v = 0; v < a.variables().count(); ++v) {
+    const std::vector<float> values = random.wide(a.variables()[v].size);
+    a.set_parameter(v, values.data(), values.size());
+    b.set_parameter(v, values.data(), values.size());
+  }
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<float> x = random.normal(4 * a.towers() + 1);  // uneven
+    batch examples;
+    examples.add("x", x.data(), x.size(), {1});
+    const step_stats sa = a.step(examples, [](auto& tower) { return tower_gradient(tower); });
+    const step_stats sb = b.step(examples, [](auto& tower) { return tower_gradient(tower); });
+    CHECK(sa.loss == sb.loss);
+    CHECK(sa.step == sb.step);
+  }
+  CHECK(a.steps_done() == b.steps_done());
+  for (std::size_t v = 0; v < a.variables().count(); ++v) {
+    INFO("variable " << a.variables()[v].name);
+    CHECK(first_bitwise_difference(a.parameter(v), b.parameter(v)) == -1);
+    for (std::size_t slot = 0; slot < a.optimizer_state_slots(); ++slot)
+      CHECK(first_bitwise_difference(a.optimizer_state(slot, v), b.optimizer_state(slot, v)) == -1);
+  }
+}
+
+template <class Reduce, class Layout = layout::flat<float>>
+using trainer = pipeline<exec::host, Reduce, optim::adam, Layout>;
+
+const std::vector<input_spec> inputs = {{"x", dtype::float32, {1}}};
+
+struct captured_log {
+  std::vector<std::string> lines;
+  captured_log() {
+    set_log_sink([this](const std::string& line) { lines.push_back(line); });
+  }
+  ~captured_log() { set_log_sink(nullptr); }
+  bool has(const std::string& words) const {
+    for (const std::string& line : lines)
+      if (line.find(words) != std::string::npos) return true;
+    return false;
+  }
+};
+
+pipeline_options unchecked() {
+  pipeline_options options;
+  options.on_nonfinite = nonfinite_policy::unchecked;
+  return options;
+}
+
+TEST_CASE("reduce::automatic on host towers runs reduce::host, says so, and trains bitwise as it", "[automatic]") {
+  const captured_log log;
+  for (const pipeline_options& options : {unchecked(), pipeline_options{}}) {
+    trainer<reduce::automatic> automatic(some_variables(), inputs, 3, {}, options);
+    trainer<reduce::host> host(some_variables(), inputs, 3, {}, options);
+    CHECK(std::string(automatic.backend_name()) == "host");
+    CHECK(automatic.backend_reason().find("3 host tower(s) in one process") != std::string::npos);
+    CHECK(std::string(host.backend_name()) == "host");
+    train_alike(automatic, host, 4, 1);
+  }
+  CHECK(log.has("towerpipe: reduce::automatic chose reduce::host: 3 host tower(s)"));
+}
+
+TEST_CASE("reduce::automatic with bf16 towers and per-variable layout trains bitwise as reduce::host", "[automatic]") {
+  trainer<reduce::automatic, layout::per_variable<bfloat16>> automatic(some_variables(), inputs, 2, {});
+  trainer<reduce::host, layout::per_variable<bfloat16>> host(some_variables(), inputs, 2, {});
+  train_alike(automatic, host, 3, 2);
+}
+
+TEST_CASE("time_backends: the fastest candidate kept, training bitwise as without timing", "[automatic]") {
+  for (const pipeline_options& base : {unchecked(), pipeline_options{}}) {
+    pipeline_options timed_options = base;
+    timed_options.time_backends = 3;
+    const captured_log log;
+    trainer<reduce::automatic> timed(some_variables(), inputs, 2, {}, timed_options);
+    trainer<reduce::automatic> plain(some_variables(), inputs, 2, {}, base);
+    CHECK(log.has("timing all 2 candidates on the first step (time_backends = 3)"));
+    tower_calls = 0;
+    train_alike(timed, plain, 3, 3);
+    // Three steps of two pipelines with two towers each: the timing ran no tower function again.
+    CHECK(tower_calls == 3 * 2 * 2);
+    CHECK(timed.steps_done() == 3);
+    const std::string kept = timed.backend_name();
+    CHECK((kept == "host" || kept == "sharded"));
+    CHECK(timed.backend_reason().find("timed on this machine's first step (median of 3; bitwise equal): host ") != std::string::npos);
+    CHECK(log.has("reduce::automatic kept reduce::" + kept));
+  }
+}
+
+TEST_CASE("time_backends is refused where it cannot time", "[automatic]") {
+  pipeline_options options;
+  options.time_backends = 2;
+  CHECK_THROWS_WITH(trainer<reduce::host>(some_variables(), inputs, 2, {}, options),
+                    Catch::Contains("time_backends times reduce::automatic's candidates; this pipeline runs reduce::host"));
+  options.accumulation_steps = 2;
+  CHECK_THROWS_WITH(trainer<reduce::automatic>(some_variables(), inputs, 2, {}, options),
+                    Catch::Contains("does not take accumulation_steps > 1"));
+}
+
+// A candidate that breaks invariant 2: reduce::host's step, then one bit of b[2] flipped.
+template <class Optim, class Layout>
+struct bit_flipping_reducer : detail::host_reducer<Optim, Layout> {
+  using detail::host_reducer<Optim, Layout>::host_reducer;
+  template <class Towers, class W, class C>
+  void average_and_apply(Towers& towers, const W& weights, const C& constants, stage_seconds& stages) {
+    detail::host_reducer<Optim, Layout>::average_and_apply(towers, weights, constants, stages);
+    float& b2 = towers.shared_parameters().data(1)[2];
+    std::uint32_t bits;
+    std::memcpy(&bits, &b2, sizeof bits);
+    bits ^= 1u;
+    std::memcpy(&b2, &bits, sizeof bits);
+  }
+};
+struct automatic_with_a_broken_candidate {
+  using policy_kind = detail::reduce_policy_kind;
+  static constexpr const char* name = "automatic_with_a_broken_candidate";
+};
+
+}  // namespace
+
+namespace towerpipe {
+template <class Optim, class Layout>
+struct reducer_for<exec::host, automatic_with_a_broken_candidate, Optim, Layout> {
+  using type = detail::automatic_reducer<detail::host_towers<Layout>, Optim, Layout,
+                                         detail::automatic_candidate<backend_kind::host, detail::host_reducer<Optim, Layout>>,
+                                         detail::automatic_candidate<backend_kind::sharded, bit_flipping_reducer<Optim, Layout>>>;
+};
+}  // namespace towerpipe
+
+namespace {
+
+TEST_CASE("time_backends: candidates that disagree stop the step, naming both and the variable", "[automatic]") {
+  pipeline_options options = unchecked();
+  options.time_backends = 2;
+  trainer<automatic_with_a_broken_candidate> p(some_variables(), inputs, 2, {}, options);
+  random_source random(4);
+  for (std::size_t v = 0; v < 3; ++v) {
+    const std::vector<float> values = random.normal(p.variables()[v].size);
+    p.set_parameter(v, values.data(), values.size());
+  }
+  std::vector<std::vector<float>> before;
+  for (std::size_t v = 0; v < 3; ++v) before.emplace_back(p.parameter(v).begin(), p.parameter(v).end());
+  const std::vector<float> x = random.normal(8);
+  batch examples;
+  examples.add("x", x.data(), x.size(), {1});
+  CHECK_THROWS_WITH(p.step(examples, [](auto& tower) { return tower_gradient(tower); }),
+                    Catch::Contains("reduce::host and reduce::sharded gave different parameters for variable 'b' (first at element 2)") &&
+                        Catch::Contains("the step changed nothing"));
+  CHECK(p.steps_done() == 0);
+  for (std::size_t v = 0; v < 3; ++v) {
+    CHECK(first_bitwise_difference(p.parameter(v), before[v]) == -1);
+    for (float m : p.optimizer_state(0, v)) CHECK(m == 0.0f);
+  }
+}
+
+}  // namespace
