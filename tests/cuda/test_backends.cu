@@ -91,7 +91,9 @@ std::vector<std::vector<float>> host_reference(const gradient_plan& plan, std::s
                                                const std::vector<std::vector<float>>& initial,
                                                const pipeline_options& options) {
   using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
-  trainer p(test_variables, test_inputs, towers, h, options);
+  pipeline_options host_options = options;
+  host_options.time_backends = 0;  // reduce::automatic's only
+  trainer p(test_variables, test_inputs, towers, h, host_options);
   for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
   run_plan(p, plan, 0, plan.size(), examples);
   std::vector<std::vector<float>> result;
@@ -275,6 +277,27 @@ TEST_CASE("sharded spreads the optimizer state over the towers, about 1/N each",
     std::printf(" (device0 holds %.0f on tower 0)\n", 2.0 * slot_bytes);
   }
 }
+// One GPU: device0 (reduce/backend_choice.hpp, rule 3); timing all four candidates on the first step
+// (each trial from the step's start, compared bit for bit) leaves the run bitwise the host's.
+TEST_CASE("reduce::automatic picks device0 on one GPU, and timing every candidate changes no bit", "[gpu][backends][automatic]") {
+  optim::adam::hyper_parameters adam;
+  adam.lr = 0.01;
+  pipeline_options unchecked, checked;
+  unchecked.on_nonfinite = nonfinite_policy::unchecked;
+  checked.max_grad_norm = 1.0;
+  for (pipeline_options options : {unchecked, checked}) {
+    for (std::size_t trials : {0, 2}) {
+      options.time_backends = trials;
+      check_backend<reduce::automatic, optim::adam, layout::flat<float>>(4, adam, 900 + trials, options);
+    }
+  }
+  pipeline_options one_device;
+  one_device.devices = {0};
+  pipeline<exec::cuda, reduce::automatic, optim::adam, layout::flat<float>> p(test_variables, test_inputs, 4, adam, one_device);
+  CHECK(std::string(p.backend_name()) == "device0");
+  CHECK(p.backend_reason().find("4 on GPU 0), one device") != std::string::npos);
+}
+
 TEST_CASE("p2p_tree equals the host pipeline bitwise (flat)", "[gpu][backends]") {
   check_all_optimizers<reduce::p2p_tree, layout::flat<float>>(300);
 }
