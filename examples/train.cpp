@@ -28,8 +28,9 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --towers N            towers                                                  [2]
   --devices LIST        GPU ids, tower i on LIST[i % size]          [all visible, round-robin]
   --cpu-towers          host towers even where a GPU is visible
-  --backend NAME        host | sharded | device0 | p2p_tree (the last two: GPU towers)
-                                                   [device0 with GPU towers, else host]
+  --backend NAME        auto | host | sharded | device0 | p2p_tree (the last two: GPU towers);
+                        auto: reduce::automatic picks one from the towers' topology and the
+                        program prints which and why                            [auto]
   --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
                         --towers towers in each (GPU towers where visible, their exchange staged
                         through pinned host memory), --batch-size split over every process's towers
@@ -176,8 +177,8 @@ options parse(int argc, char** argv) {
     throw usage_error("--ranks needs MPI, which this build of the program lacks (Debian: libopenmpi-dev)");
 #endif
     if (o.compare_backends) throw usage_error("--ranks runs one training: it takes no --compare-backends");
-    if (!o.backend.empty() && o.backend != "sharded") throw usage_error("--ranks trains with --backend sharded, not " + o.backend);
-    o.backend = "sharded";
+    if (!o.backend.empty() && o.backend != "sharded" && o.backend != "auto")
+      throw usage_error("--ranks trains with --backend sharded (which auto picks), not " + o.backend);
   }
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   o.gpu_towers = !o.cpu_towers && visible_gpus() > 0;
@@ -187,9 +188,9 @@ options parse(int argc, char** argv) {
       if (o.was_given(flag)) throw usage_error(std::string("--compare-backends runs several trainings: it takes no ") + flag);
     }
   }
-  if (o.backend.empty()) o.backend = o.gpu_towers ? "device0" : "host";
+  if (o.backend.empty()) o.backend = "auto";
   one_of("--model", o.model, {"mlp", "cnn"});
-  one_of("--backend", o.backend, {"host", "sharded", "device0", "p2p_tree"});
+  one_of("--backend", o.backend, {"auto", "host", "sharded", "device0", "p2p_tree"});
   one_of("--optimizer", o.optimizer, {"sgd", "momentum", "adam", "adamw"});
   one_of("--layout", o.layout, {"flat", "per_variable"});
   const char* why_no_gpu = o.cpu_towers ? "--cpu-towers was given"
@@ -198,7 +199,7 @@ options parse(int argc, char** argv) {
 #else
                                         : "this build of the program has no CUDA";
 #endif
-  if (o.backend != "host" && o.backend != "sharded" && !o.gpu_towers)
+  if (o.backend != "auto" && o.backend != "host" && o.backend != "sharded" && !o.gpu_towers)
     throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
   if (!o.devices.empty() && !o.gpu_towers) throw usage_error(std::string("--devices needs GPU towers, and ") + why_no_gpu);
 #if !defined(TOWERPIPE_EXAMPLES_CUDNN)
@@ -212,6 +213,7 @@ options parse(int argc, char** argv) {
 
 template <class Optim, class Layout>
 run_result with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+  if (o.backend == "auto" && !o.gpu_towers) return train<exec::host, reduce::automatic, Optim, Layout>(o, data, h);
   if (o.backend == "sharded" && !o.gpu_towers) return train<exec::host, reduce::sharded, Optim, Layout>(o, data, h);
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   if (o.gpu_towers) return train_on_gpus<Optim, Layout>(o, data, h);

@@ -218,7 +218,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
   pipeline_opts.buckets = per_layer_buckets(model.variables());
   pipeline_opts.overlap_reduction = o.overlap;
-  if constexpr (std::is_same_v<Reduce, reduce::sharded>) pipeline_opts.processes = o.group;
+  if constexpr (std::is_same_v<Reduce, reduce::sharded> || std::is_same_v<Reduce, reduce::automatic>) pipeline_opts.processes = o.group;
   // Checked before the pipeline allocates anything: a batch gives every tower of every process an example.
   if (o.batch_size < o.towers * static_cast<std::size_t>(o.processes))
     throw usage_error("--batch-size " + std::to_string(o.batch_size) + (o.was_given("--batch-size") ? "" : " (the default)") +
@@ -261,10 +261,12 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
       std::printf("blas: this kernel lacks AVX2, which this CPU has: OPENBLAS_CORETYPE=%s runs faster (examples/run.sh sets it)\n",
                   better.c_str());
   }
+  if constexpr (std::is_same_v<Reduce, reduce::automatic>)
+    std::printf("backend: reduce::%s, chosen by reduce::automatic: %s\n", p.backend_name(), p.backend_reason().c_str());
   std::printf("model: %s, %zu parameters; %zu %s towers%s, reduce::%s, %s, layout::%s, batch %zu, lr %g\n",
               model.describe().c_str(), p.variables().total_size(), p.towers(),
               std::is_same_v<Exec, exec::host> ? "host" : "GPU",
-              o.processes > 1 ? (" in each of " + std::to_string(o.processes) + " processes").c_str() : "", Reduce::name,
+              o.processes > 1 ? (" in each of " + std::to_string(o.processes) + " processes").c_str() : "", p.backend_name(),
               o.optimizer.c_str(), Layout::name, o.batch_size, o.lr);
 
   const std::size_t features = data.train.features;
@@ -380,7 +382,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
       std::printf("overlap: off (--no-overlap): every gradient bucket reduced after the towers\n");
   }
   run_result result;
-  result.backend = Reduce::name;
+  result.backend = p.backend_name();
   result.layout = Layout::name;
   result.overlap = o.overlap;
   result.share_during_towers = share_during_towers(stage_totals);
