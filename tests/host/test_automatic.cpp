@@ -8,6 +8,7 @@
 #include <towerpipe/towerpipe.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ using towerpipe_tests::random_source;
 variable_set some_variables() { return variable_set{{"w", {11, 5}}, {"b", {11}}, {"tail", {36000}}}; }
 
 std::atomic<int> tower_calls{0};
+bool poison_this_step = false;  // tower 1 writes a NaN into b[3]
 
 // Each tower's gradient: a fixed function of the tower's shard and the parameters.
 template <class Context>
@@ -40,13 +42,14 @@ double tower_gradient(Context& tower) {
     for (std::size_t i = 0; i < g.size(); ++i)
       g.data()[i] = G(0.5f * static_cast<float>(p.data()[i]) + mean * static_cast<float>(i % 7) + 0.01f * static_cast<float>(tower.tower()));
   }
+  if (poison_this_step && tower.tower() == 1) tower.gradient(1).data()[3] = G(std::nanf(""));
   return static_cast<double>(mean);
 }
 
 // Trains `a` and `b` side by side from the same start for `steps` steps and checks that they end
 // bitwise equal: parameters, optimizer state, steps done, losses.
 template <class A, class B>
-void train_alike(A& a, B& b, int steps, std::uint64_t salt) {
+void train_alike(A& a, B& b, int steps, std::uint64_t salt, int poisoned_step = -1) {
   random_source random(salt);
   INFO("seed " << random.seed());
   for (std::size_t v = 0; v < a.variables().count(); ++v) {
@@ -58,10 +61,14 @@ void train_alike(A& a, B& b, int steps, std::uint64_t salt) {
     const std::vector<float> x = random.normal(4 * a.towers() + 1);  // uneven
     batch examples;
     examples.add("x", x.data(), x.size(), {1});
+    poison_this_step = step == poisoned_step;
     const step_stats sa = a.step(examples, [](auto& tower) { return tower_gradient(tower); });
     const step_stats sb = b.step(examples, [](auto& tower) { return tower_gradient(tower); });
+    poison_this_step = false;
     CHECK(sa.loss == sb.loss);
     CHECK(sa.step == sb.step);
+    CHECK(sa.skipped == sb.skipped);
+    CHECK(sa.skipped == (step == poisoned_step));
   }
   CHECK(a.steps_done() == b.steps_done());
   for (std::size_t v = 0; v < a.variables().count(); ++v) {
@@ -133,6 +140,19 @@ TEST_CASE("time_backends: the fastest candidate kept, training bitwise as withou
     CHECK(timed.backend_reason().find("timed on this machine's first step (median of 3; bitwise equal): host ") != std::string::npos);
     CHECK(log.has("reduce::automatic kept reduce::" + kept));
   }
+}
+
+TEST_CASE("time_backends: a skipped first step times again at the next, bitwise as without timing", "[automatic]") {
+  pipeline_options timed_options;  // checked: a NaN skips the step
+  timed_options.time_backends = 2;
+  trainer<reduce::automatic> timed(some_variables(), inputs, 2, {}, timed_options);
+  trainer<reduce::automatic> plain(some_variables(), inputs, 2, {});
+  train_alike(timed, plain, 1, 5, 0);
+  CHECK(timed.steps_done() == 0);
+  CHECK(timed.backend_reason().find("timed on") == std::string::npos);  // the rule's still
+  train_alike(timed, plain, 2, 6);
+  CHECK(timed.steps_done() == 2);
+  CHECK(timed.backend_reason().find("timed on this machine's first step (median of 2") != std::string::npos);
 }
 
 TEST_CASE("time_backends is refused where it cannot time", "[automatic]") {
