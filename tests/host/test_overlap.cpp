@@ -250,7 +250,8 @@ void require_parameters_equal(const std::vector<std::unique_ptr<Trainer>>& ranke
 // (reduce/sharded/host_towers.hpp). Rank 1's towers here finish the buckets in the opposite order to
 // rank 0's, so that its worker holds them until the first is in, and with explicit groups the
 // processes' first bucket is not the one their towers finish first.
-TEST_CASE("reduce::sharded across processes (thread ranks): buckets change no bit, one process's result", "[overlap][sharded][ranks]") {
+template <class Trainer>
+void check_ranks_change_no_bit() {
   constexpr std::size_t ranks = 2, towers = 2;
   for (const pipeline_options& base : {pipeline_options{}, unchecked()}) {
     for (const bool grouped : {false, true}) {
@@ -258,14 +259,14 @@ TEST_CASE("reduce::sharded across processes (thread ranks): buckets change no bi
       const auto reference = make_trainer<adam_trainer<layout::flat<float>>>(ranks * towers, {}, base);
       REQUIRE(train(*reference, 3, false));
       const auto group = thread_process_group::create(static_cast<int>(ranks));
-      std::vector<std::unique_ptr<sharded_trainer<layout::flat<float>>>> ranked(ranks);
+      std::vector<std::unique_ptr<Trainer>> ranked(ranks);
       std::vector<char> overlapped(ranks, 0);
       const std::vector<std::string> errors = on_ranks(ranks, [&](std::size_t r) {
         pipeline_options options = base;
         options.processes = group[r];
         options.buckets.cap_bytes = 1;
         if (grouped) options.buckets.groups = {{"w1", "b2"}, {"embed"}, {"b1", "w2"}};
-        ranked[r] = make_trainer<sharded_trainer<layout::flat<float>>>(towers, {}, options);
+        ranked[r] = make_trainer<Trainer>(towers, {}, options);
         overlapped[r] = train(*ranked[r], 3, true, r, r == 1);
       });
       REQUIRE(errors == std::vector<std::string>(ranks));
@@ -273,6 +274,16 @@ TEST_CASE("reduce::sharded across processes (thread ranks): buckets change no bi
       require_parameters_equal(ranked, *reference);
     }
   }
+}
+
+TEST_CASE("reduce::sharded across processes (thread ranks): buckets change no bit, one process's result", "[overlap][sharded][ranks]") {
+  check_ranks_change_no_bit<sharded_trainer<layout::flat<float>>>();
+}
+
+// reduce::automatic picks reduce::sharded across processes and passes the settling on to it.
+TEST_CASE("reduce::automatic across processes (thread ranks): buckets change no bit, one process's result",
+          "[overlap][automatic][ranks]") {
+  check_ranks_change_no_bit<pipeline<exec::host, reduce::automatic, optim::adam, layout::flat<float>>>();
 }
 
 // A tower failing on one process after some buckets were exchanged: every process fails the step alike

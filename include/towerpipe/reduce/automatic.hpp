@@ -198,6 +198,12 @@ class automatic_reducer {
       if constexpr (reducer_has_join_parts<std::decay_t<decltype(r)>, Towers>::value) r.join_parts(towers);
     });
   }
+  // Across processes (reduce::sharded), what every process must do before they agree on the towers.
+  void settle_part(Towers& towers, const step_part& rest, const std::vector<master_type>& weights) {
+    with_chosen([&](auto& r, auto) {
+      if constexpr (reducer_settles_parts<std::decay_t<decltype(r)>, Towers, master_type>::value) r.settle_part(towers, rest, weights);
+    });
+  }
 
  private:
   template <std::size_t I>
