@@ -34,7 +34,10 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
                         --towers towers in each (GPU towers where visible, their exchange staged
                         through pinned host memory), --batch-size split over every process's towers
-                        (mpirun -np 4 train --ranks ...; only rank 0 prints)
+                        (mpirun -np 4 train --ranks ...; only rank 0 prints); without
+                        --devices each process's GPU towers go on GPU (local rank % GPUs)
+  --transport NAME      with --ranks and GPU towers: mpi (staged in pinned host memory) | nccl
+                        (NCCL only moves bytes: the same bits)                  [mpi]
   --optimizer NAME      sgd | momentum (sgd, momentum 0.9) | adam | adamw       [adam]
   --layout NAME         flat | per_variable                                      [flat]
   --no-overlap          reduce every gradient bucket after the towers (the serial step), instead of
@@ -87,7 +90,7 @@ options parse(int argc, char** argv) {
   const std::vector<std::string> switches{"--resume", "--cpu-towers", "--compare-backends", "--ranks", "--no-overlap"};
   const std::vector<std::string> valued{"--model", "--towers", "--devices", "--backend", "--optimizer", "--layout", "--epochs",
                                         "--batch-size", "--log-every", "--generated", "--seed", "--timeline",
-                                        "--metrics", "--checkpoint", "--data", "--lr"};
+                                        "--metrics", "--checkpoint", "--data", "--lr", "--transport"};
   const auto known = [](const std::vector<std::string>& flags, const std::string& flag) {
     return std::find(flags.begin(), flags.end(), flag) != flags.end();
   };
@@ -140,6 +143,7 @@ options parse(int argc, char** argv) {
     }
     else if (flag == "--model") o.model = value;
     else if (flag == "--backend") o.backend = value;
+    else if (flag == "--transport") o.transport = value;
     else if (flag == "--optimizer") o.optimizer = value;
     else if (flag == "--layout") o.layout = value;
     else if (flag == "--epochs") o.epochs = positive(flag, value);
@@ -172,6 +176,17 @@ options parse(int argc, char** argv) {
     for (const char* a : allowed) list += std::string(list.empty() ? "" : " | ") + a;
     throw usage_error(flag + " '" + value + "' is not one of " + list);
   };
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+  o.gpu_towers = !o.cpu_towers && visible_gpus() > 0;
+#endif
+  one_of("--transport", o.transport, {"mpi", "nccl"});
+  if (o.was_given("--transport") && !o.ranks) throw usage_error("--transport chooses how --ranks exchange: it needs --ranks");
+  if (o.transport == "nccl") {
+#if !defined(TOWERPIPE_EXAMPLES_NCCL)
+    throw usage_error("--transport nccl needs NCCL, which this build of the program lacks");
+#endif
+    if (!o.gpu_towers) throw usage_error("--transport nccl moves GPU towers' gradients, and there are no GPU towers here");
+  }
   if (o.ranks) {
 #if !defined(TOWERPIPE_EXAMPLES_MPI)
     throw usage_error("--ranks needs MPI, which this build of the program lacks (Debian: libopenmpi-dev)");
@@ -180,9 +195,6 @@ options parse(int argc, char** argv) {
     if (!o.backend.empty() && o.backend != "sharded" && o.backend != "auto")
       throw usage_error("--ranks trains with --backend sharded (which auto picks), not " + o.backend);
   }
-#if defined(TOWERPIPE_EXAMPLES_GPU)
-  o.gpu_towers = !o.cpu_towers && visible_gpus() > 0;
-#endif
   if (o.compare_backends) {
     for (const char* flag : {"--backend", "--timeline", "--metrics", "--checkpoint", "--no-overlap"}) {
       if (o.was_given(flag)) throw usage_error(std::string("--compare-backends runs several trainings: it takes no ") + flag);
@@ -301,6 +313,14 @@ struct processes_scope {
     o.rank = group->rank();
     o.processes = group->size();
     o.group = group;
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+    // Processes on one machine take a GPU each (NCCL refuses two ranks on one GPU; staged exchanges
+    // would share it), unless --devices says otherwise.
+    if (o.gpu_towers && o.devices.empty()) o.devices = {local_rank() % visible_gpus()};
+#endif
+#if defined(TOWERPIPE_EXAMPLES_NCCL)
+    if (o.transport == "nccl") o.group = nccl_group(MPI_COMM_WORLD, o.devices.empty() ? 0 : o.devices[0]);
+#endif
     if (o.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) throw std::runtime_error("cannot silence stdout");
     if (o.processes == 1)
       std::printf("note: --ranks in a single process (not started by mpirun -np N?): training as one process\n");
@@ -313,6 +333,17 @@ struct processes_scope {
     if (active) MPI_Finalize();
 #endif
   }
+#if defined(TOWERPIPE_EXAMPLES_MPI)
+  // This process's rank among those on its machine.
+  static int local_rank() {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int rank = 0;
+    MPI_Comm_rank(node, &rank);
+    MPI_Comm_free(&node);
+    return rank;
+  }
+#endif
   // After an error a process may have left the others inside a collective: end them all.
   void abort_all(int status) const {
 #if defined(TOWERPIPE_EXAMPLES_MPI)

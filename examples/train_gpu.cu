@@ -1,6 +1,9 @@
 // The training program's GPU towers (examples/train.cpp has the rest): compiled by nvcc only where the
 // CUDA toolkit is, so that the host-tower program builds with the C++ compiler alone.
 #include <towerpipe/cuda.cuh>
+#if defined(TOWERPIPE_EXAMPLES_NCCL)
+#include <towerpipe/comm/nccl_over_mpi.cuh>
+#endif
 
 #include <memory>
 
@@ -82,6 +85,9 @@ struct test_evaluator<exec::cuda> {
 };
 
 int visible_gpus() { return towerpipe::detail::cuda_device_count(); }
+#if defined(TOWERPIPE_EXAMPLES_NCCL)
+std::shared_ptr<process_group> nccl_group(MPI_Comm comm, int device) { return nccl_process_group_over_mpi(comm, device); }
+#endif
 
 template <class Optim, class Layout>
 run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {

@@ -22,6 +22,9 @@
 #include <vector>
 
 #include <towerpipe/towerpipe.hpp>
+#if defined(TOWERPIPE_EXAMPLES_NCCL)
+#include <mpi.h>
+#endif
 
 #include "datasets.hpp"
 #include "classifier.hpp"
@@ -47,6 +50,7 @@ struct options {
   // --ranks: this process is rank `rank` of `processes` started by mpirun (reduce::sharded over group).
   bool ranks = false;
   int rank = 0, processes = 1;
+  std::string transport = "mpi";  // --transport: how GPU towers' processes exchange (mpi: staged in pinned memory; nccl)
   std::shared_ptr<towerpipe::process_group> group;
   std::vector<std::string> given;  // the flags on the command line, to tell defaults apart in messages
   bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
@@ -165,6 +169,10 @@ inline double share_during_towers(const stage_seconds& totals) {
 int visible_gpus();
 template <class Optim, class Layout>
 run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h);
+#if defined(TOWERPIPE_EXAMPLES_NCCL)
+// --transport nccl: the processes of `comm` as an NCCL group, this one on `device` (train_gpu.cu).
+std::shared_ptr<process_group> nccl_group(MPI_Comm comm, int device);
+#endif
 
 // One gradient bucket per layer (the variables "<layer>.weight" and "<layer>.bias"), the last layer's
 // first: the models mark a layer's variables ready together (ready_marks.hpp), so each bucket can be

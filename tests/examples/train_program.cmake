@@ -189,6 +189,9 @@ foreach(case "--towers;x|--towers needs a positive whole number"
              "--optimizer;rmsprop|--optimizer 'rmsprop' is not one of"
              "--layout;dense|--layout 'dense' is not one of"
              "--backend;device0;--cpu-towers|needs GPU towers"  # invalid with or without a GPU
+             "--transport;tcp|--transport 'tcp' is not one of mpi"
+             "--transport;nccl|--transport chooses how --ranks exchange: it needs --ranks"
+             "--ranks;--transport;nccl;--cpu-towers|--transport nccl"  # no NCCL in the build, or no GPU towers
              "--lr;-1|--lr needs a positive number"
              "--frobnicate;1|unknown argument --frobnicate"
              "--towers=x|--towers needs a positive whole number"
