@@ -33,23 +33,30 @@ inline std::string gemm_backend() {
 #endif
 }
 
-// Where OpenBLAS took a kernel without AVX2 on a CPU that has it (Debian 12's 0.3.21 does not know
-// recent Intel Xeons and falls back to Prescott: 2.7x slower on the MLP), the OPENBLAS_CORETYPE that
-// fits the CPU; empty where the kernel fits or the BLAS is not OpenBLAS. OpenBLAS reads the variable
-// when it loads, so it must be set before the program starts (examples/run.sh does).
+// Where OpenBLAS took a kernel with narrower vectors than the CPU has, the OPENBLAS_CORETYPE that fits
+// the CPU; empty where the kernel fits or the BLAS is not OpenBLAS. Debian 12's 0.3.21 does not know
+// recent Intel Xeons and falls back to Prescott (2.7x slower on the MLP); an AVX2 kernel on a CPU with
+// AVX-512 (OPENBLAS_CORETYPE=Haswell left in an environment, as on the 2-core development machine)
+// runs the MLP's GEMMs 1.7x slower than the AVX-512 one (benchmarks/results/2026-12-02-dev-main-job/).
+// OpenBLAS reads the variable when it loads, so it must be set before the program starts
+// (examples/run.sh does where it is unset).
 inline std::string better_openblas_core() {
 #if defined(TOWERPIPE_EXAMPLES_CBLAS) && defined(OPENBLAS_VERSION) && (defined(__x86_64__) || defined(__i386__))
   const std::string kernel = openblas_get_corename();
-  for (const char* with_avx2 : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"}) {
-    if (kernel == with_avx2) return {};
+  int kernel_bits = 128;  // Prescott, Nehalem, Sandybridge (AVX without FMA), ...
+  for (const char* avx2 : {"Haswell", "Zen", "Excavator"}) {
+    if (kernel == avx2) kernel_bits = 256;
+  }
+  for (const char* avx512 : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+    if (kernel == avx512) kernel_bits = 512;
   }
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return {};
-  if (__builtin_cpu_supports("avx512bf16")) return "Cooperlake";
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
-  return "Haswell";
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx512 && kernel_bits < 512) return __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+  if (avx2 && kernel_bits < 256) return "Haswell";
+  return {};
 #else
   return {};
 #endif

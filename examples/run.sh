@@ -16,12 +16,13 @@ if [ ! -f "$data" ] && [[ " $* " != *" --data "* && " $* " != *" --generated "* 
 fi
 cmake --preset default >/dev/null
 cmake --build --preset default --target train
-# OpenBLAS picks its kernel when it loads; where it took one without AVX2 on a CPU that has it (Debian
-# 12's OpenBLAS on recent Intel Xeons: Prescott, 2.7x slower), the program names the right one.
+# OpenBLAS picks its kernel when it loads; where it took one with narrower vectors than the CPU has
+# (Debian 12's OpenBLAS on recent Intel Xeons: Prescott, 2.7x slower), the program names the right one.
+# An OPENBLAS_CORETYPE already set is the user's choice and is kept (train says if another is faster).
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
   core=$(build/default/examples/train --openblas-core)
   if [ -n "$core" ]; then
-    echo "run.sh: OpenBLAS took a kernel without AVX2 on this CPU; running with OPENBLAS_CORETYPE=$core" \
+    echo "run.sh: OpenBLAS took a kernel with narrower vectors than this CPU has; running with OPENBLAS_CORETYPE=$core" \
          "(set OPENBLAS_CORETYPE yourself to choose another)" >&2
     export OPENBLAS_CORETYPE=$core
   fi

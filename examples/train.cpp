@@ -57,8 +57,9 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --compare-backends    train once per backend the towers allow (and per layout, unless --layout is
                         given; reduce::host also with --no-overlap), same seed and steps, and print
                         one table; exit 1 unless every run ends with the same parameters
-  --openblas-core       print the OPENBLAS_CORETYPE this CPU needs where OpenBLAS took a kernel
-                        without AVX2 on a CPU with it (an empty line where its kernel fits), and exit
+  --openblas-core       print the OPENBLAS_CORETYPE this CPU needs where OpenBLAS took a kernel with
+                        narrower vectors than the CPU has (AVX2 or none on a CPU with AVX-512, none
+                        on a CPU with AVX2; an empty line where its kernel fits), and exit
   -h, --help            this text
 
 Flags take their value as the next argument or after '=': --towers 4, --towers=4. Output files and

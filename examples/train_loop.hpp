@@ -266,7 +266,8 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
     std::printf("blas: %s\n", towerpipe_examples::gemm_backend().c_str());
     const std::string better = towerpipe_examples::better_openblas_core();
     if (!better.empty())
-      std::printf("blas: this kernel lacks AVX2, which this CPU has: OPENBLAS_CORETYPE=%s runs faster (examples/run.sh sets it)\n",
+      std::printf("blas: this kernel's vectors are narrower than this CPU's: OPENBLAS_CORETYPE=%s runs faster "
+                  "(examples/run.sh sets it)\n",
                   better.c_str());
   }
   if constexpr (std::is_same_v<Reduce, reduce::automatic>)
