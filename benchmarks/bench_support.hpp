@@ -45,24 +45,6 @@ inline double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-// Bytes per second of a[i] = a[i] + s * b[i] over n floats split across `threads` threads (3 x 4 bytes
-// per element: two reads and one write): the CPU's memory-bandwidth floor, a STREAM-like triad. In
-// place, like the optimizer pass, so that no write-allocate traffic hides in the count (STREAM's
-// a = b + s*c moves 16 bytes per element while counting 12).
-inline double triad_bandwidth(std::size_t n, std::size_t threads, int repetitions) {
-  std::vector<float> a(n, 1.0f), b(n, 2.0f);
-  towerpipe::detail::thread_pool pool(threads);
-  std::vector<double> seconds;
-  for (int r = 0; r <= repetitions; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    pool.run(threads, [&](std::size_t t) {
-      for (std::size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) a[i] = a[i] + 0.5f * b[i];
-    });
-    if (r > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return 12.0 * static_cast<double>(n) / median(seconds);
-}
-
 // Bytes one average+apply+broadcast moves per parameter: N gradients read, the parameters and each
 // optimizer slot read and written, and `replicas_written` further copies of the parameters written
 // (N - 1 for the device backends, whose master is replica 0; 0 for host towers sharing one copy).

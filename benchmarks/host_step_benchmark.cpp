@@ -1,5 +1,7 @@
 // The host backend's average+apply (exec::host + reduce::host) against the CPU's memory-bandwidth
-// floor, measured in the same run: a STREAM-like triad on the same number of threads. Prints a table
+// floor, measured in the same run on the same threads: for each row the best of five streaming kernels
+// (read, copy, triad; with and without non-temporal stores: bandwidth_floor.hpp) over buffers of the
+// size of the row's arrays, so that a pass whose arrays fit in a cache meets that cache's floor. Prints a table
 // and writes every figure as JSON. --quick runs a small subset in seconds (CI runs it). Backend "host" is
 // the single fused pass (on_nonfinite = unchecked); "host checked" the default checked step (screen,
 // then apply: programs/screen.hpp), whose floor has the average's write and read on top; "host bf16" the
@@ -41,6 +43,7 @@
 
 #include <towerpipe/towerpipe.hpp>
 
+#include "bandwidth_floor.hpp"
 #include "bench_support.hpp"
 
 namespace {
@@ -53,7 +56,8 @@ const char* usage =
     "towerpipe_host_benchmark [--quick] [--out FILE] [--shapes-dir DIR] [--towers 1,2,4,8] [--repetitions N]\n"
     "                         [--only reduction|overlap]\n"
     "Times exec::host + reduce::host average+apply over the ResNet-50 and BERT-base variable lists and a\n"
-    "flat sweep, against a triad floor measured on the same threads (the reduction rows); and how much of\n"
+    "flat sweep, against the best bandwidth of streaming kernels over buffers of the row's size, measured\n"
+    "on the same threads (the reduction rows); and how much of\n"
     "the reduction a step hides behind a synthetic backward pass that marks its gradients ready, with 1\n"
     "tower up to a tower on every core (the overlap rows).";
 
@@ -70,8 +74,8 @@ void draw_gradients(Context& tower) {
 
 template <class Optim, class Layout, class Reduce = reduce::host>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
-             const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o, double floor_bandwidth,
-             bool checked, json_rows& out) {
+             const typename Optim::hyper_parameters& h, const towerpipe_bench::options& o,
+             towerpipe_bench::bandwidth_floors& floors, bool checked, json_rows& out) {
   using trainer = pipeline<exec::host, Reduce, Optim, Layout>;
   pipeline_options options;
   options.host_threads = std::thread::hardware_concurrency();
@@ -99,34 +103,42 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const double bytes =
       parameters * (mixed ? towerpipe_bench::mixed_bytes_per_parameter(towers, slots, sizeof(stored), 1)
                           : towerpipe_bench::bytes_per_parameter(towers, slots, 0) + (checked ? towerpipe_bench::screen_bytes : 0));
+  // The arrays the pass goes through, each counted once: the floor's buffers are as large.
+  const double footprint =
+      parameters * (static_cast<double>(sizeof(stored)) * static_cast<double>(towers + (mixed ? 1 : 0)) + 4.0 + 4.0 * slots +
+                    (checked ? 4.0 : 0.0));
+  const towerpipe_bench::bandwidth_floor::kernel& floor = floors.at(footprint).best();
   const double ms = median(seconds) * 1e3;
-  const double floor_ms = bytes / floor_bandwidth * 1e3;
+  const double floor_ms = bytes / floor.bytes_per_second * 1e3;
   const char* backend = mixed ? "host bf16" : checked ? "host checked" : Reduce::name;
-  std::printf("%-10s %-13s %-6s %-12s %2zu %11.0f %9.3f %9.3f %8.1f %7.2fx\n", model.c_str(), backend, Optim::name,
-              Layout::name, towers, parameters, ms, floor_ms, bytes / (ms * 1e-3) / 1e9, ms / floor_ms);
-  out.rows.push_back(json_rows::measurement(backend, "host", model, Optim::name, Layout::name, towers, variables, bytes, ms,
-                                            floor_ms));
+  std::printf("%-10s %-13s %-6s %-12s %2zu %11.0f %9.3f %9.3f %8.1f %7.2fx %8.1f %s\n", model.c_str(), backend, Optim::name,
+              Layout::name, towers, parameters, ms, floor_ms, bytes / (ms * 1e-3) / 1e9, ms / floor_ms,
+              floor.bytes_per_second / 1e9, floor.name.c_str());
+  json_rows::row row = json_rows::measurement(backend, "host", model, Optim::name, Layout::name, towers, variables, bytes,
+                                              ms, floor_ms);
+  row.set("footprint_bytes", footprint).set("floor_bytes_per_second", floor.bytes_per_second).set("floor_kernel", floor.name);
+  out.rows.push_back(row);
 }
 
 template <class Layout>
 void measure_optimizers(const std::string& model, const variable_set& variables, const towerpipe_bench::options& o,
-                        double floor_bandwidth, json_rows& out) {
+                        towerpipe_bench::bandwidth_floors& floors, json_rows& out) {
   optim::sgd::hyper_parameters momentum;
   momentum.momentum = 0.9;
   for (std::size_t towers : o.towers) {
     for (bool checked : {false, true}) {
-      if (!o.quick) measure<optim::sgd, Layout>(model, variables, towers, momentum, o, floor_bandwidth, checked, out);
-      measure<optim::adam, Layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, floor_bandwidth, checked, out);
+      if (!o.quick) measure<optim::sgd, Layout>(model, variables, towers, momentum, o, floors, checked, out);
+      measure<optim::adam, Layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, floors, checked, out);
       if (!o.quick)
-        measure<optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, floor_bandwidth, checked,
+        measure<optim::adamw, Layout>(model, variables, towers, optim::adamw::hyper_parameters{}, o, floors, checked,
                                       out);
     }
     measure<optim::adam, Layout, reduce::sharded>(model, variables, towers, optim::adam::hyper_parameters{}, o,
-                                                  floor_bandwidth, false, out);
+                                                  floors, false, out);
     // Mixed precision: bf16 towers, fp32 master and state (a checked step by construction).
     using bf16_layout = std::conditional_t<std::is_same<Layout, layout::flat<float>>::value, layout::flat<bfloat16>,
                                            layout::per_variable<bfloat16>>;
-    measure<optim::adam, bf16_layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, floor_bandwidth, true, out);
+    measure<optim::adam, bf16_layout>(model, variables, towers, optim::adam::hyper_parameters{}, o, floors, true, out);
   }
 }
 
@@ -262,15 +274,17 @@ int main(int argc, char** argv) try {
     o.repetitions = std::min(o.repetitions, 5);
   }
   const std::size_t threads = std::thread::hardware_concurrency();
-  const double triad = towerpipe_bench::triad_bandwidth(o.quick ? (1u << 24) : (1u << 27), threads, o.repetitions);
-  std::printf("CPU triad floor: %.1f GB/s on %zu threads\n", triad / 1e9, threads);
+  // Memory, not a cache, above 1 GiB (128 MiB in --quick): larger floors are measured at that size.
+  towerpipe_bench::bandwidth_floors floors(threads, o.repetitions, o.quick ? (std::size_t{1} << 27) : (std::size_t{1} << 30));
 
   json_rows out;
   out.machine.set("cpu_threads", static_cast<double>(threads)).set("mode", o.quick ? "quick" : "full");
-  out.floors.set("cpu_triad_bytes_per_second", triad);
   if (o.only != "overlap") {
-    std::printf("%-10s %-13s %-6s %-12s %2s %11s %9s %9s %8s %8s\n", "variables", "backend", "optim", "layout", "N",
-                "parameters", "ms", "floor_ms", "GB/s", "ratio");
+    std::printf("floor: per row, the best bandwidth of read / copy / triad kernels (non-temporal stores or not) over buffers "
+                "of the row's footprint, on %zu threads\n",
+                threads);
+    std::printf("%-10s %-13s %-6s %-12s %2s %11s %9s %9s %8s %8s %8s %s\n", "variables", "backend", "optim", "layout", "N",
+                "parameters", "ms", "floor_ms", "GB/s", "ratio", "floor GB/s", "floor kernel");
     std::vector<std::pair<std::string, variable_set>> lists;
     lists.emplace_back("resnet50", towerpipe_bench::read_shapes(o.shapes_dir + "/resnet50.shapes"));
     if (!o.quick) lists.emplace_back("bert_base", towerpipe_bench::read_shapes(o.shapes_dir + "/bert_base.shapes"));
@@ -280,10 +294,11 @@ int main(int argc, char** argv) try {
       lists.emplace_back("sweep_" + std::to_string(millions) + "M", std::move(one));
     }
     for (const auto& [model, variables] : lists) {
-      measure_optimizers<layout::flat<float>>(model, variables, o, triad, out);
-      if (!o.quick) measure_optimizers<layout::per_variable<float>>(model, variables, o, triad, out);
+      measure_optimizers<layout::flat<float>>(model, variables, o, floors, out);
+      if (!o.quick) measure_optimizers<layout::per_variable<float>>(model, variables, o, floors, out);
     }
   }
+  if (o.only != "overlap") towerpipe_bench::print_floors(floors, out.floors);
   if (o.only != "reduction") measure_overlaps(o, threads, out);
   out.write(o.out);
   std::printf("wrote %s\n", o.out.c_str());

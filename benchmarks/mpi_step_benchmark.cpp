@@ -13,8 +13,9 @@
 // sharded parameters are compared with the one-process run's, bit for bit ("equal": yes/no); the exit
 // status is 1 if any row differs.
 //
-// Floor: the bytes the step must move, over the triad bandwidth of every core (rank 0 measures it while
-// the others wait): the one-process job (N = R * L gradients read, parameters and Adam's two slots read
+// Floor: the bytes the step must move, over the best bandwidth of bandwidth_floor.hpp's read / copy /
+// triad kernels on every core over buffers as large as the row's arrays (rank 0 measures it while the
+// others wait): the one-process job (N = R * L gradients read, parameters and Adam's two slots read
 // and written: 4N + 24 bytes a parameter) plus the two exchanges, each of which copies (R - 1) * P
 // floats from one process's memory to another's (read once and written once: 16 (R - 1) bytes a
 // parameter). It leaves out what an implementation may avoid: writing a process's partial sum, the
@@ -35,6 +36,7 @@
 #include <towerpipe/comm/mpi.hpp>
 #include <towerpipe/towerpipe.hpp>
 
+#include "bandwidth_floor.hpp"
 #include "bench_support.hpp"
 
 namespace {
@@ -160,7 +162,7 @@ std::vector<double> allreduce_peer(const variable_set& variables, std::size_t lo
 
 template <class Layout>
 void measure(const std::string& model, const variable_set& variables, std::size_t local_towers,
-             const towerpipe_bench::options& o, double floor_bandwidth, const std::shared_ptr<process_group>& group,
+             const towerpipe_bench::options& o, towerpipe_bench::bandwidth_floors& floors, const std::shared_ptr<process_group>& group,
              json_rows& out) {
   const std::size_t towers = local_towers * static_cast<std::size_t>(processes);
   const std::vector<input_spec> inputs{{"x", dtype::float32, {1}}};
@@ -180,7 +182,14 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const std::vector<double> allreduce_seconds = slowest(allreduce_peer(variables, local_towers, o.repetitions));
   double one_process_ms = 0.0;
   bool equal = false;
-  if (rank == 0) {
+  // The arrays of every process, each counted once: its towers' gradients, its copy of the parameters,
+  // its slice of Adam's state, what it sends and what it receives.
+  const double parameters = static_cast<double>(variables.total_size());
+  const double footprint = parameters * (4.0 * static_cast<double>(towers + static_cast<std::size_t>(processes)) + 8.0 +
+                                         8.0 * static_cast<double>(processes - 1));
+  const towerpipe_bench::bandwidth_floor::kernel* floor = nullptr;
+  if (rank == 0) {  // alone: the others sleep
+    floor = &floors.at(footprint).best();
     pipeline_options alone;
     alone.on_nonfinite = nonfinite_policy::unchecked;
     alone.host_threads = std::thread::hardware_concurrency();
@@ -192,17 +201,19 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   sleeping_barrier();
   if (rank != 0) return;
 
-  const double parameters = static_cast<double>(variables.total_size());
   const double bytes = parameters * (towerpipe_bench::bytes_per_parameter(towers, optim::adam::state_slots(h), 0) +
                                      16.0 * static_cast<double>(processes - 1));
-  const double floor_ms = bytes / floor_bandwidth * 1e3;
+  const double floor_ms = bytes / floor->bytes_per_second * 1e3;
   const double sharded_ms = median(sharded_seconds) * 1e3, allreduce_ms = median(allreduce_seconds) * 1e3;
   std::printf("%-10s %-12s %2d x %-2zu %11.0f %9.3f %9.3f %7.2fx %9.3f %7.2fx %9.3f %7.2fx %5s\n", model.c_str(),
               Layout::name, processes, local_towers, parameters, floor_ms, sharded_ms, sharded_ms / floor_ms, allreduce_ms,
               allreduce_ms / sharded_ms, one_process_ms, one_process_ms / sharded_ms, equal ? "yes" : "NO");
   json_rows::row row = json_rows::measurement("sharded", "host", model, optim::adam::name, Layout::name, towers, variables,
                                               bytes, sharded_ms, floor_ms);
-  row.set("processes", static_cast<double>(processes))
+  row.set("footprint_bytes", footprint)
+      .set("floor_bytes_per_second", floor->bytes_per_second)
+      .set("floor_kernel", floor->name)
+      .set("processes", static_cast<double>(processes))
       .set("towers_per_process", static_cast<double>(local_towers))
       .set("allreduce_ms", allreduce_ms)
       .set("one_process_ms", one_process_ms)
@@ -224,23 +235,22 @@ int main(int argc, char** argv) {
     if (!towers_given) o.towers = o.quick ? std::vector<std::size_t>{1, 2} : std::vector<std::size_t>{1, 2, 4};
     const auto group = std::make_shared<mpi_process_group>(MPI_COMM_WORLD);
 
-    double triad = 0.0;
+    // Measured by rank 0 alone (memory, not a cache, above 1 GiB; 128 MiB in --quick).
+    towerpipe_bench::bandwidth_floors floors(std::thread::hardware_concurrency(), o.repetitions,
+                                             o.quick ? (std::size_t{1} << 27) : (std::size_t{1} << 30));
     if (rank == 0) {
-      const std::size_t threads = std::thread::hardware_concurrency();
-      triad = towerpipe_bench::triad_bandwidth(o.quick ? (1u << 24) : (1u << 27), threads, o.repetitions);
-      std::printf("CPU triad floor: %.1f GB/s on %zu threads; %d processes x %zu threads each\n", triad / 1e9, threads,
-                  processes, threads_per_process());
+      std::printf("floor: per row, the best bandwidth of read / copy / triad kernels (non-temporal stores or not) over "
+                  "buffers of the row's footprint, on %zu threads; %d processes x %zu threads each\n",
+                  floors.threads(), processes, threads_per_process());
       std::printf("%-10s %-12s %7s %11s %9s %9s %8s %9s %8s %9s %8s %5s\n", "variables", "layout", "R x L", "parameters",
                   "floor_ms", "sharded", "ratio", "allreduce", "vs", "1 proc", "vs", "equal");
     }
     sleeping_barrier();
-    MPI_Bcast(&triad, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
 
     json_rows out;
     out.machine.set("cpu_threads", static_cast<double>(std::thread::hardware_concurrency()))
         .set("processes", static_cast<double>(processes))
         .set("mode", o.quick ? "quick" : "full");
-    out.floors.set("cpu_triad_bytes_per_second", triad);
     std::vector<std::pair<std::string, variable_set>> lists;
     // --quick (ctest): a small flat list only, seconds on CI's 2 cores.
     if (!o.quick) {
@@ -254,11 +264,12 @@ int main(int argc, char** argv) {
     }
     for (const auto& [model, variables] : lists) {
       for (std::size_t local_towers : o.towers) {
-        measure<layout::flat<float>>(model, variables, local_towers, o, triad, group, out);
-        if (!o.quick) measure<layout::per_variable<float>>(model, variables, local_towers, o, triad, group, out);
+        measure<layout::flat<float>>(model, variables, local_towers, o, floors, group, out);
+        if (!o.quick) measure<layout::per_variable<float>>(model, variables, local_towers, o, floors, group, out);
       }
     }
     if (rank == 0) {
+      towerpipe_bench::print_floors(floors, out.floors);
       out.write(o.out);
       std::printf("wrote %s\n", o.out.c_str());
       if (!every_row_equal) std::printf("FAILED: reduce::sharded differed from one process (equal: NO above)\n");
