@@ -11,7 +11,7 @@
 //   triad streaming  c = a + s * b, non-temporal       12
 // (a store that misses the cache also reads its line first; the counts leave that out, as the passes'
 // byte counts do, and the streaming kernels avoid it). Sizes that fit in a cache get that cache's
-// bandwidth, as the pass over them does; sizes above `largest_bytes` are measured at it (memory).
+// bandwidth, as the pass over them does (bandwidth_floors: which size's figure a pass gets).
 
 #include <algorithm>
 #include <chrono>
@@ -132,19 +132,36 @@ inline bandwidth_floor measure_bandwidth(std::size_t bytes, std::size_t threads,
   return f;
 }
 
-// Floors by size, measured once each: sizes within 1/16 of one another share one; sizes above
-// `largest_bytes` use the floor measured at it.
+// The floor for a pass over a given size: the kernels are measured once, over a ladder of sizes
+// (1 MiB, 2 MiB, 4 MiB, ... up to `largest_bytes`), and a size's floor is the best kernel at the ladder's
+// step at or below it or at any step above: a pass over more bytes cannot be faster than one over
+// fewer, so the best shown over a larger size bounds it too — and taking it smooths what another
+// process's load takes from one measurement.
 class bandwidth_floors {
  public:
+  struct choice {
+    std::string kernel;
+    double bytes_per_second = 0;
+    std::size_t measured_bytes = 0;  // the ladder's step that showed it
+  };
+
   bandwidth_floors(std::size_t threads, int repetitions, std::size_t largest_bytes)
       : threads_(threads), repetitions_(repetitions), largest_(largest_bytes) {}
 
-  const bandwidth_floor& at(double footprint_bytes) {
-    const std::size_t wanted = std::min(static_cast<std::size_t>(footprint_bytes), largest_);
-    for (const auto& [bytes, floor] : measured_) {
-      if (bytes >= wanted - wanted / 16 && bytes <= wanted + wanted / 16) return floor;
+  choice at(double footprint_bytes) {
+    if (measured_.empty()) {
+      for (std::size_t bytes = std::size_t{1} << 20; bytes <= largest_; bytes *= 2)
+        measured_.emplace(bytes, measure_bandwidth(bytes, threads_, repetitions_));
     }
-    return measured_.emplace(wanted, measure_bandwidth(wanted, threads_, repetitions_)).first->second;
+    // The ladder's step at or below the footprint (the smallest step for smaller ones), and all above.
+    auto from = measured_.upper_bound(static_cast<std::size_t>(footprint_bytes));
+    if (from != measured_.begin()) --from;
+    choice best;
+    for (auto it = from; it != measured_.end(); ++it) {
+      const bandwidth_floor::kernel& k = it->second.best();
+      if (k.bytes_per_second > best.bytes_per_second) best = {k.name, k.bytes_per_second, it->first};
+    }
+    return best;
   }
   const std::map<std::size_t, bandwidth_floor>& measured() const { return measured_; }
   std::size_t threads() const { return threads_; }
@@ -158,7 +175,8 @@ class bandwidth_floors {
 
 // Every floor measured, one line a size, and as JSON fields "<MiB> MiB <kernel>" (bytes per second).
 inline void print_floors(const bandwidth_floors& floors, json_rows::row& json) {
-  std::printf("\nfloors measured on %zu threads, GB/s (the best of each line sets the rows of that size):\n", floors.threads());
+  std::printf("\nfloors measured on %zu threads, GB/s (a row's floor: the best at its footprint's step or above):\n",
+              floors.threads());
   bool header = true;
   for (const auto& [bytes, floor] : floors.measured()) {
     if (header) {

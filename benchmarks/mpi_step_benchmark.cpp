@@ -14,8 +14,8 @@
 // status is 1 if any row differs.
 //
 // Floor: the bytes the step must move, over the best bandwidth of bandwidth_floor.hpp's read / copy /
-// triad kernels on every core over buffers as large as the row's arrays (rank 0 measures it while the
-// others wait): the one-process job (N = R * L gradients read, parameters and Adam's two slots read
+// triad kernels on every core over buffers as large as the row's arrays or larger (rank 0 measures
+// them while the others wait): the one-process job (N = R * L gradients read, parameters and Adam's two slots read
 // and written: 4N + 24 bytes a parameter) plus the two exchanges, each of which copies (R - 1) * P
 // floats from one process's memory to another's (read once and written once: 16 (R - 1) bytes a
 // parameter). It leaves out what an implementation may avoid: writing a process's partial sum, the
@@ -187,9 +187,9 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const double parameters = static_cast<double>(variables.total_size());
   const double footprint = parameters * (4.0 * static_cast<double>(towers + static_cast<std::size_t>(processes)) + 8.0 +
                                          8.0 * static_cast<double>(processes - 1));
-  const towerpipe_bench::bandwidth_floor::kernel* floor = nullptr;
-  if (rank == 0) {  // alone: the others sleep
-    floor = &floors.at(footprint).best();
+  towerpipe_bench::bandwidth_floors::choice floor;
+  if (rank == 0) {  // alone: the others sleep (the first row measures every floor)
+    floor = floors.at(footprint);
     pipeline_options alone;
     alone.on_nonfinite = nonfinite_policy::unchecked;
     alone.host_threads = std::thread::hardware_concurrency();
@@ -203,7 +203,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
 
   const double bytes = parameters * (towerpipe_bench::bytes_per_parameter(towers, optim::adam::state_slots(h), 0) +
                                      16.0 * static_cast<double>(processes - 1));
-  const double floor_ms = bytes / floor->bytes_per_second * 1e3;
+  const double floor_ms = bytes / floor.bytes_per_second * 1e3;
   const double sharded_ms = median(sharded_seconds) * 1e3, allreduce_ms = median(allreduce_seconds) * 1e3;
   std::printf("%-10s %-12s %2d x %-2zu %11.0f %9.3f %9.3f %7.2fx %9.3f %7.2fx %9.3f %7.2fx %5s\n", model.c_str(),
               Layout::name, processes, local_towers, parameters, floor_ms, sharded_ms, sharded_ms / floor_ms, allreduce_ms,
@@ -211,8 +211,9 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   json_rows::row row = json_rows::measurement("sharded", "host", model, optim::adam::name, Layout::name, towers, variables,
                                               bytes, sharded_ms, floor_ms);
   row.set("footprint_bytes", footprint)
-      .set("floor_bytes_per_second", floor->bytes_per_second)
-      .set("floor_kernel", floor->name)
+      .set("floor_bytes_per_second", floor.bytes_per_second)
+      .set("floor_kernel", floor.kernel)
+      .set("floor_measured_bytes", static_cast<double>(floor.measured_bytes))
       .set("processes", static_cast<double>(processes))
       .set("towers_per_process", static_cast<double>(local_towers))
       .set("allreduce_ms", allreduce_ms)
@@ -240,7 +241,7 @@ int main(int argc, char** argv) {
                                              o.quick ? (std::size_t{1} << 27) : (std::size_t{1} << 30));
     if (rank == 0) {
       std::printf("floor: per row, the best bandwidth of read / copy / triad kernels (non-temporal stores or not) over "
-                  "buffers of the row's footprint, on %zu threads; %d processes x %zu threads each\n",
+                  "buffers of the row's footprint or larger, on %zu threads; %d processes x %zu threads each\n",
                   floors.threads(), processes, threads_per_process());
       std::printf("%-10s %-12s %7s %11s %9s %9s %8s %9s %8s %9s %8s %5s\n", "variables", "layout", "R x L", "parameters",
                   "floor_ms", "sharded", "ratio", "allreduce", "vs", "1 proc", "vs", "equal");
