@@ -37,7 +37,7 @@ inline std::string gemm_backend() {
 // the CPU; empty where the kernel fits or the BLAS is not OpenBLAS. Debian 12's 0.3.21 does not know
 // recent Intel Xeons and falls back to Prescott (2.7x slower on the MLP); an AVX2 kernel on a CPU with
 // AVX-512 (OPENBLAS_CORETYPE=Haswell left in an environment, as on the 2-core development machine)
-// runs the MLP's GEMMs 1.7x slower than the AVX-512 one (benchmarks/results/2026-12-02-dev-main-job/).
+// runs the MLP's GEMMs 1.6-1.8x slower than the AVX-512 one (benchmarks/results/2026-12-02-dev-main-job/).
 // OpenBLAS reads the variable when it loads, so it must be set before the program starts
 // (examples/run.sh does where it is unset).
 inline std::string better_openblas_core() {
