@@ -57,8 +57,8 @@ const char* usage =
     "towerpipe_host_benchmark [--quick] [--out FILE] [--shapes-dir DIR] [--towers 1,2,4,8] [--repetitions N]\n"
     "                         [--only reduction|overlap]\n"
     "Times exec::host + reduce::host average+apply over the ResNet-50 and BERT-base variable lists and a\n"
-    "flat sweep, against the best bandwidth of streaming kernels over buffers of the row's size, measured\n"
-    "on the same threads (the reduction rows); and how much of\n"
+    "flat sweep, against the best bandwidth of streaming kernels over buffers of the row's size or\n"
+    "larger, measured on the same threads (the reduction rows); and how much of\n"
     "the reduction a step hides behind a synthetic backward pass that marks its gradients ready, with 1\n"
     "tower up to a tower on every core (the overlap rows).";
 
@@ -104,7 +104,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const double bytes =
       parameters * (mixed ? towerpipe_bench::mixed_bytes_per_parameter(towers, slots, sizeof(stored), 1)
                           : towerpipe_bench::bytes_per_parameter(towers, slots, 0) + (checked ? towerpipe_bench::screen_bytes : 0));
-  // The arrays the pass goes through, each counted once: the floor's buffers are as large.
+  // The arrays the pass goes through, each counted once: the floor is measured over as many bytes or more.
   const double footprint =
       parameters * (static_cast<double>(sizeof(stored)) * static_cast<double>(towers + (mixed ? 1 : 0)) + 4.0 + 4.0 * slots +
                     (checked ? 4.0 : 0.0));
@@ -276,7 +276,8 @@ int main(int argc, char** argv) try {
     o.repetitions = std::min(o.repetitions, 5);
   }
   const std::size_t threads = std::thread::hardware_concurrency();
-  // Memory, not a cache, above 1 GiB (128 MiB in --quick): larger floors are measured at that size.
+  // The floors' ladder of sizes ends at 1 GiB (128 MiB in --quick), memory rather than a cache:
+  // larger footprints get its figure.
   towerpipe_bench::bandwidth_floors floors(threads, o.repetitions, o.quick ? (std::size_t{1} << 27) : (std::size_t{1} << 30));
 
   json_rows out;
