@@ -28,6 +28,7 @@
 #include "towerpipe/programs/agents.hpp"
 #include "towerpipe/programs/copy_wiring.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/whole_step.hpp"
 #include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/stats.hpp"
 
@@ -35,7 +36,8 @@ namespace towerpipe {
 namespace detail {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class device0_reducer : public device_optimizer_state<Optim, Layout> {
+class device0_reducer : public device_optimizer_state<Optim, Layout>,
+                        public whole_step_as_one_part<device0_reducer<Optim, Layout, Policy>> {
  public:
   using stored_type = typename Layout::value_type;  // the towers' gradients and replicas
   using master_type = master_type_t<stored_type>;    // master, state, average
@@ -45,6 +47,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
 
   device0_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers)
       : device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
+        whole_step_as_one_part<device0_reducer>(variables.count()),
         root_(towers.device(0)),
         stream_(root_),
         start_(root_, true),
@@ -58,8 +61,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
                                                "reduce::device0: the replicas it writes")),
         average_(variables, root_),
         chunk_runs_(chunk_list_, variables.count()),
-        tile_runs_(average_.screen.tiles(), variables.count()),
-        every_variable_(every_variable(variables.count())) {
+        tile_runs_(average_.screen.tiles(), variables.count()) {
     check_device_tower_count("reduce::device0", towers.towers());
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       if (copies_.copied(t)) {
@@ -119,20 +121,6 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
     partials = average_.screen.results();
   }
 
-  // The whole step: one part over every variable.
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<master_type>& weights,
-                         const typename Optim::template step_constants<master_type>& constants, stage_seconds& stages) {
-    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
-  }
-
-  // A checked step, pass 1: the average and its screen; nothing the towers read changes.
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<master_type>& weights,
-                                 const accumulation<master_type>& step, stage_seconds& stages) {
-    screen_partials partials = begin_screen();
-    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
-    return partials;
-  }
-
   // Pass 2: the optimizer on scale * average, the new parameters into every replica.
   void apply_averaged(cuda_towers<Layout>& towers, master_type scale,
                       const typename Optim::template step_constants<master_type>& constants,
@@ -186,7 +174,6 @@ class device0_reducer : public device_optimizer_state<Optim, Layout> {
   device_pointer_table<stored_type> gradients_, replicas_;  // role = tower: in place, or the root's copy
   device_average<Layout> average_;  // checked steps
   chunks_by_variable chunk_runs_, tile_runs_;  // where a bucket's variables lie in chunks_ and in the screen's tiles
-  std::vector<std::size_t> every_variable_;    // the whole step as one part
   bool reaches_every_tower_ = true;  // no tower's gradients copied
 };
 

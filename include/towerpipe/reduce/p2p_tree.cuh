@@ -45,6 +45,7 @@
 #include "towerpipe/programs/agents.hpp"
 #include "towerpipe/programs/copy_wiring.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/whole_step.hpp"
 #include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
 #include "towerpipe/step/stats.hpp"
@@ -54,7 +55,8 @@ namespace towerpipe {
 namespace detail {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
+class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
+                         public whole_step_as_one_part<p2p_tree_reducer<Optim, Layout, Policy>> {
   static_assert(std::is_floating_point<typename Layout::value_type>::value,
                 "towerpipe: reduce::p2p_tree does not take mixed precision (bf16/fp16 layouts) yet: its partial sums "
                 "live in the towers' 16-bit gradient buffers; use reduce::device0");
@@ -67,6 +69,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
                    const pipeline_options& options)
       : device_optimizer_state<Optim, Layout>(variables, h, towers.device(0)),
+        whole_step_as_one_part<p2p_tree_reducer>(variables.count()),
         wiring_(towers.access()),
         timing_stream_(towers.device(0)),
         tree_start_(towers.device(0), true),
@@ -75,7 +78,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
         average_(variables, towers.device(0)),
         chunk_runs_(make_chunk_table(variables, Policy::chunk_elements), variables.count()),
         tile_runs_(average_.screen.tiles(), variables.count()),
-        every_variable_(every_variable(variables.count())),
         // The poison check reads a tower's whole gradients after it returns, where the edges of its
         // marked buckets may have written partial sums already.
         overlaps_(!options.poison_gradients) {
@@ -187,21 +189,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
     towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + screen", "reduce (GPU)");
     partials = average_.screen.results();
     for (const auto& own : nodes_) partials.first_nonfinite = std::min(partials.first_nonfinite, own->host_key[0]);
-  }
-
-  // The whole step: one part over every variable.
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                         const typename Optim::template step_constants<stored_type>& constants, stage_seconds& stages) {
-    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
-  }
-
-  // A checked step, pass 1: the tree's rounds, then its last edge through the screen into the average on
-  // tower 0's device; the rounds check the raw gradients they read.
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                                 const accumulation<stored_type>& step, stage_seconds& stages) {
-    screen_partials partials = begin_screen();
-    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
-    return partials;
   }
 
   // Pass 2: the optimizer on scale * average on tower 0's device, then the broadcast down the tree.
@@ -410,7 +397,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout> {
   std::vector<std::unique_ptr<node>> nodes_;
   device_average<Layout> average_;  // checked steps, on tower 0's device
   chunks_by_variable chunk_runs_, tile_runs_;  // where a part's variables lie in the chunk table and the screen's tiles
-  std::vector<std::size_t> every_variable_;    // the whole step as one part
   bool overlaps_;                              // buckets go during the towers (overlaps_buckets)
 };
 

@@ -51,6 +51,7 @@
 #include "towerpipe/programs/owner_slices.hpp"
 #include "towerpipe/programs/owner_wiring.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/whole_step.hpp"
 #include "towerpipe/reduce/sharded/gpu_owner.cuh"
 #include "towerpipe/reduce/sharded/host_towers.hpp"
 #include "towerpipe/reduce/sharded/gpu_towers_across_processes.cuh"
@@ -62,14 +63,14 @@ namespace towerpipe {
 namespace detail {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class sharded_device_reducer {
+class sharded_device_reducer : public whole_step_as_one_part<sharded_device_reducer<Optim, Layout, Policy>> {
  public:
   using stored_type = typename Layout::value_type;
   using step_constants = typename Optim::template step_constants<stored_type>;
 
   sharded_device_reducer(const variable_set& variables, const typename Optim::hyper_parameters& h, cuda_towers<Layout>& towers,
                          const pipeline_options& options)
-      : slots_(Optim::state_slots(h)), host_mirror_(variables), every_variable_(every_variable(variables.count())) {
+      : whole_step_as_one_part<sharded_device_reducer>(variables.count()), slots_(Optim::state_slots(h)), host_mirror_(variables) {
     const std::size_t n = towers.towers();
     check_device_tower_count("reduce::sharded", n);
     const std::vector<tensor_chunk> table = make_chunk_table(variables, Policy::chunk_elements);
@@ -141,20 +142,6 @@ class sharded_device_reducer {
       partials.tile_sums.insert(partials.tile_sums.end(), mine.tile_sums.begin(), mine.tile_sums.end());
       partials.first_nonfinite = std::min(partials.first_nonfinite, mine.first_nonfinite);
     }
-  }
-
-  // The whole step: one part over every variable.
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights, const step_constants& constants,
-                         stage_seconds& stages) {
-    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
-  }
-
-  // A checked step, pass 1: each owner's slice of the average and its screen.
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                                 const accumulation<stored_type>& step, stage_seconds& stages) {
-    screen_partials partials = begin_screen();
-    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
-    return partials;
   }
 
   // Pass 2: the optimizer on scale * each owner's slice of the average, the new slices into every replica.
@@ -258,7 +245,6 @@ class sharded_device_reducer {
   int slots_;
   typename Layout::template buffer<host_memory> host_mirror_;
   std::vector<std::unique_ptr<owner>> owners_;  // one per tower with a non-empty slice
-  std::vector<std::size_t> every_variable_;     // the whole step as one part
   bool reaches_every_tower_ = true;             // no owner copies a tower's slice (overlaps_buckets)
 };
 

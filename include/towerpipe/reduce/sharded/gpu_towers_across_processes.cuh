@@ -51,6 +51,7 @@
 #include "towerpipe/programs/exchange_plan.hpp"
 #include "towerpipe/programs/process_agents.hpp"
 #include "towerpipe/reduce/sharded/gpu_owner.cuh"
+#include "towerpipe/reduce/whole_step.hpp"
 #include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/stats.hpp"
@@ -59,7 +60,7 @@ namespace towerpipe {
 namespace detail {
 
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
-class sharded_process_reducer {
+class sharded_process_reducer : public whole_step_as_one_part<sharded_process_reducer<Optim, Layout, Policy>> {
  public:
   using stored_type = typename Layout::value_type;
   using constants_type = typename Optim::template step_constants<stored_type>;
@@ -68,7 +69,8 @@ class sharded_process_reducer {
   // `span`: the processes, their configuration already compared (step/processes.hpp).
   sharded_process_reducer(const variable_set& variables, const typename Optim::hyper_parameters& h, cuda_towers<Layout>& towers,
                           const pipeline_options& options, const processes& span)
-      : variables_(variables),
+      : whole_step_as_one_part<sharded_process_reducer>(variables.count()),
+        variables_(variables),
         span_(span),
         device_(towers.device(0)),
         table_(make_chunk_table(variables, Policy::chunk_elements)),
@@ -88,7 +90,6 @@ class sharded_process_reducer {
         received_rows_(owner_.upload(buffers_.received_rows, variables, "reduce::sharded: the rows this process receives")),
         gathered_flat_(vector_pointer_table<Policy>(buffers_.gathered_flat, count(), table_, device_,
                                                     "reduce::sharded: the gathered parameters")),
-        every_variable_(every_variable(variables.count())),
         host_slice_(plan_.mine().stored_elements),
         host_state_(plan_.total()) {
     check_device_tower_count("reduce::sharded", towers.towers());
@@ -164,18 +165,6 @@ class sharded_process_reducer {
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(owner_.stream().get()));
     partials = span_.share_screen(screen.results());
     stages.reduce = seconds_since(start);
-  }
-
-  // The whole step: one part over every variable.
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights, const constants_type& constants,
-                         stage_seconds& stages) {
-    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
-  }
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                                 const accumulation<stored_type>& step, stage_seconds& stages) {
-    screen_partials partials = begin_screen();
-    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
-    return partials;
   }
 
   void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const constants_type& constants, stage_seconds& stages) {
@@ -306,7 +295,6 @@ class sharded_process_reducer {
   device_pointer_table<stored_type> received_rows_;  // role = global row
   device_pointer_table<stored_type> gathered_flat_;  // role 0: every variable, end to end, padded
   std::vector<std::unique_ptr<send_rows>> sends_;    // one per owner with a non-empty slice
-  std::vector<std::size_t> every_variable_;          // the whole step as one part
   device_collectives* collectives_ = nullptr;
   std::unique_ptr<staged_collectives> staged_;
   std::vector<stored_type> host_slice_, host_state_;

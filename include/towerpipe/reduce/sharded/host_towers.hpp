@@ -75,6 +75,7 @@
 #include "towerpipe/programs/owner_slices.hpp"
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/whole_step.hpp"
 #include "towerpipe/programs/screen.hpp"
 #include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
@@ -97,7 +98,7 @@ namespace detail {
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 template <class Optim, class Layout>
-class sharded_host_reducer {
+class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<Optim, Layout>> {
  public:
   using stored_type = typename Layout::value_type;            // the towers' parameters and gradients
   using master_type = master_type_t<stored_type>;             // the master parameters, state, sums
@@ -110,7 +111,8 @@ class sharded_host_reducer {
   // `span`: the processes, their configuration already compared (step/processes.hpp).
   sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&,
                        const pipeline_options& options, const processes& span)
-      : variables_(variables),
+      : whole_step_as_one_part<sharded_host_reducer>(variables.count()),
+        variables_(variables),
         span_(span),
         rank_(span_.rank()),
         local_towers_(span_.local_towers()),
@@ -133,8 +135,7 @@ class sharded_host_reducer {
         master_(mixed ? plan_.total() : 0),
         state_(static_cast<std::size_t>(slots_) * plan_.mine().stored_elements, master_type(0)),
         averaged_(checked_ ? plan_.mine().stored_elements : 0),
-        by_variable_(table_, variables.count()),
-        every_variable_(every_variable(variables.count())) {
+        by_variable_(table_, variables.count()) {
     for (int owner = 0; owner < span_.size(); ++owner) {
       send_rows_.push_back(plan_.send_row_pointers(owner, send_.data()));
       const owner_slice& slice = plan_.slice(owner);
@@ -179,23 +180,6 @@ class sharded_host_reducer {
     plan_.mine().for_each_stored_range_of(index, [&](const element_range& range, std::size_t offset) {
       std::copy(values + range.begin, values + range.end, slot_base(slot) + offset);
     });
-  }
-
-  // One fused step: contributions to their owners, canonical sum, optimizer, parameters gathered.
-  void average_and_apply(host_towers<Layout>& towers, const std::vector<master_type>& weights, const constants_type& constants,
-                         stage_seconds& stages) {
-    average_and_apply_part(towers, step_part{every_variable_, no_bucket}, weights, constants, stages);
-  }
-
-  // A checked step, pass 1 (programs/screen.hpp): contributions to their owners, who keep the canonical
-  // average of their slice (with accumulation: its running sum) and screen it; every process gets every
-  // tile's sum of squares and the first non-finite key — a raw gradient's, found by the process that
-  // has it, or the average's, found by its owner — as one process would compute them.
-  screen_partials screen_average(host_towers<Layout>& towers, const std::vector<master_type>& weights,
-                                 const accumulation<master_type>& step, stage_seconds& stages) {
-    screen_partials partials = begin_screen();
-    screen_part(towers, step_part{every_variable_, no_bucket}, weights, step, partials, stages);
-    return partials;
   }
 
   // The same passes over a part of the step (see the top): a bucket on the calling thread (the worker),
@@ -516,7 +500,6 @@ class sharded_host_reducer {
   std::vector<master_type*> received_rows_, updated_slice_, state_rows_, averaged_slice_;
   int gathered_slot_ = -1;  // the state slot gathered_ holds, -1: none (parameters or stale)
   chunks_by_variable by_variable_;           // a part's chunks
-  std::vector<std::size_t> every_variable_;  // 0, 1, ...: the whole step as one part
   // A checked step's screen as its parts go: the first non-finite raw gradient and average, and the
   // owner's tiles' sums of squares (a chunk of the table is a tile).
   nonfinite_key raw_key_ = no_nonfinite, owner_key_ = no_nonfinite;
