@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace towerpipe_tests {
@@ -64,6 +67,33 @@ long first_bitwise_difference(const A& a, const B& b) {
     if (bits_of(a[i]) != bits_of(b[i])) return static_cast<long>(i);
   }
   return -1;
+}
+
+// The mean of the first feature of a tower's input `name` over the tower's shard.
+template <class Context>
+float shard_mean(Context& tower, const char* name) {
+  const auto x = tower.template input<float>(name);
+  float mean = 0;
+  for (std::size_t e = 0; e < x.examples(); ++e) mean += x(e, 0);
+  return mean / static_cast<float>(x.examples());
+}
+
+// Runs body(rank) on one thread per rank; returns each rank's error message ("" where none).
+template <class Body>
+std::vector<std::string> on_every_rank(std::size_t ranks, Body&& body) {
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
 }
 
 }  // namespace towerpipe_tests

@@ -21,6 +21,7 @@
 
 using namespace towerpipe;
 using towerpipe_tests::first_bitwise_difference;
+using towerpipe_tests::on_every_rank;
 
 namespace {
 
@@ -221,23 +222,6 @@ TEST_CASE("reduce::sharded in one process: buckets change no bit", "[overlap][sh
   check_buckets_change_no_bit<sharded_trainer<layout::flat<bfloat16>>>(optim::adam::hyper_parameters{}, {});
 }
 
-// body(r) on a thread of its own for each rank; returns each rank's error ("" where none).
-std::vector<std::string> on_ranks(std::size_t ranks, const std::function<void(std::size_t)>& body) {
-  std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return errors;
-}
-
 template <class Trainer>
 void require_parameters_equal(const std::vector<std::unique_ptr<Trainer>>& ranked, const adam_trainer<layout::flat<float>>& reference) {
   for (std::size_t v = 0; v < model.count(); ++v) {
@@ -261,7 +245,7 @@ void check_ranks_change_no_bit() {
       const auto group = thread_process_group::create(static_cast<int>(ranks));
       std::vector<std::unique_ptr<Trainer>> ranked(ranks);
       std::vector<char> overlapped(ranks, 0);
-      const std::vector<std::string> errors = on_ranks(ranks, [&](std::size_t r) {
+      const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
         pipeline_options options = base;
         options.processes = group[r];
         options.buckets.cap_bytes = 1;
@@ -301,7 +285,7 @@ TEST_CASE("reduce::sharded across processes: a tower failing after buckets were 
     std::vector<std::vector<std::vector<float>>> before(ranks), after(ranks);
     std::vector<std::string> failures(ranks);
     const auto start = std::chrono::steady_clock::now();
-    const std::vector<std::string> errors = on_ranks(ranks, [&](std::size_t r) {
+    const std::vector<std::string> errors = on_every_rank(ranks, [&](std::size_t r) {
       pipeline_options options = base;
       options.processes = group[r];
       options.buckets.cap_bytes = 1;

@@ -19,7 +19,10 @@
 #include <thread>
 #include <vector>
 
+#include "test_support.hpp"
+
 using namespace towerpipe;
+using towerpipe_tests::on_every_rank;
 
 namespace {
 
@@ -243,24 +246,6 @@ std::string error_of(F&& f) {
 
 // A tower of the rank tests.
 double rank_tower(sharded_trainer::tower_context& tower) { return shard_gradient(tower); }
-
-// Runs body(rank) on one thread per rank; returns each rank's error message ("" where none).
-template <class Body>
-std::vector<std::string> on_every_rank(std::size_t ranks, Body&& body) {
-  std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
 
 // One sharded_trainer of `towers` towers per rank over one thread group, each on a thread of its own,
 // built with `options` and its rank's group; body(rank, pipeline) runs on each. Returns each rank's
