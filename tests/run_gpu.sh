@@ -134,6 +134,11 @@ if wanted train; then
       step "timeline_$backend" build/gpu/examples/train "${data[@]}" --epochs 1 --backend "$backend" --towers 2 \
         --timeline "$out/timeline_$backend.json" --log-every 1000000
     done
+    # --ranks on GPU towers through each transport (one process: NCCL refuses two ranks on one GPU).
+    for transport in mpi nccl; do
+      step "ranks_$transport" mpirun --allow-run-as-root -np 1 build/gpu/examples/train "${data[@]}" --epochs 1 --ranks \
+        --transport "$transport" --towers 2 --log-every 1000000
+    done
   else
     echo "train not built (no zlib on this machine)" >>"$out/summary.txt"
   fi
