@@ -402,19 +402,21 @@ TEST_CASE("gradient buckets marked during the towers change no bit on any GPU ba
 
 namespace {
 
-// Mixed precision on GPU towers (reduce::device0) against the host's mixed pipeline: the fp32 master
+// Mixed precision on GPU towers (any backend) against the host's mixed pipeline: the fp32 master
 // bitwise, every replica's 16-bit patterns equal to the host towers' rounded copy.
-template <class Half, class Layout>
-void check_mixed_device0(std::size_t towers, std::uint64_t salt) {
+template <class Reduce, class Half, class Layout>
+void check_mixed_on_gpu(std::size_t towers, std::uint64_t salt, const pipeline_options& gpu_options = {}) {
   random_source random(salt);
-  INFO("device0 mixed " << Layout::name << ", " << towers << " towers, seed " << random.seed());
+  INFO(Reduce::name << " mixed " << Layout::name << ", " << towers << " towers, seed " << random.seed());
   using host_trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<Half>>;
-  using gpu_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, Layout>;
-  pipeline_options options;
+  using gpu_trainer = pipeline<exec::cuda, Reduce, optim::adam, Layout>;
+  pipeline_options options = gpu_options;
   options.max_grad_norm = 1.0;
   optim::adam::hyper_parameters h;
   h.lr = 0.01;
-  host_trainer reference(test_variables, test_inputs, towers, h, options);
+  pipeline_options host_options;
+  host_options.max_grad_norm = options.max_grad_norm;
+  host_trainer reference(test_variables, test_inputs, towers, h, host_options);
   gpu_trainer p(test_variables, test_inputs, towers, h, options);
   for (std::size_t v = 0; v < test_variables.count(); ++v) {
     const std::vector<float> initial = random.normal(test_variables[v].size);
@@ -461,13 +463,19 @@ void check_mixed_device0(std::size_t towers, std::uint64_t salt) {
   }
 }
 
+// Each backend with bf16 (flat) and fp16 (per_variable) towers, 1..8 towers.
+template <class Reduce>
+void check_mixed_for_tower_counts(std::uint64_t salt, const pipeline_options& options = {}) {
+  for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
+    check_mixed_on_gpu<Reduce, bfloat16, layout::flat<bfloat16>>(towers, salt + towers, options);
+    check_mixed_on_gpu<Reduce, float16, layout::per_variable<float16>>(towers, salt + 20 + towers, options);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("device0 with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
-  for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
-    check_mixed_device0<bfloat16, layout::flat<bfloat16>>(towers, 700 + towers);
-    check_mixed_device0<float16, layout::per_variable<float16>>(towers, 720 + towers);
-  }
+  check_mixed_for_tower_counts<reduce::device0>(700);
 }
 
 namespace {
