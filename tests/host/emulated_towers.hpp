@@ -24,13 +24,19 @@ namespace towerpipe_tests {
 using namespace towerpipe;
 using namespace towerpipe::detail;
 
+// A quiet NaN of T (float, double, or a 16-bit type: core/half_types.hpp).
+template <class T>
+T quiet_nan() {
+  return narrow<T>(std::numeric_limits<float>::quiet_NaN());
+}
+
 // Host memory that starts as NaN: the reducers' copies are allocated from it, so that a pass reading a
 // copy no copy filled shows.
 struct nan_filled_memory : host_memory {
   template <class T>
   owner<T> allocate(std::size_t count, std::size_t alignment) const {
     owner<T> result = host_memory::allocate<T>(count, alignment);
-    std::fill_n(result.get(), count, std::numeric_limits<T>::quiet_NaN());
+    std::fill_n(result.get(), count, quiet_nan<T>());
     return result;
   }
 };
@@ -52,12 +58,16 @@ inline tower_access access_for(topology links, std::size_t towers) {
 
 // exec::cuda's towers as the reducers' wiring sees them (towers(), device(t), gradients(t), replica(t),
 // access()), in host memory, with the optimizer state of a reducer that keeps it whole on tower 0's
-// device (device0, p2p_tree).
+// device (device0, p2p_tree). 16-bit layouts (mixed precision): 16-bit gradients and replicas, the
+// state in float, and apply() takes the float master's table.
 template <class Optim, class Layout>
 class emulated_towers {
  public:
+  using stored_type = typename Layout::value_type;
   using device_buffer = typename Layout::template buffer<host_memory>;
   using copy_buffer = typename Layout::template buffer<nan_filled_memory>;
+  using float_buffer = typename Layout::template buffer<host_memory, float>;
+  using float_copy_buffer = typename Layout::template buffer<nan_filled_memory, float>;
 
   emulated_towers(const variable_set& variables, std::size_t towers, const typename Optim::hyper_parameters& h,
                   std::size_t chunk_elements = 256, topology links = topology::one_device)
@@ -67,8 +77,9 @@ class emulated_towers {
       replicas_.emplace_back(variables);
     }
     for (int s = 0; s < Optim::state_slots(h); ++s) state_.emplace_back(variables);
-    gradient_pointers_ = gather_pointers<float>(roles(gradients_));
-    state_pointers_ = gather_pointers<float>(roles(state_));
+    std::vector<float_buffer*> slots;
+    for (float_buffer& slot : state_) slots.push_back(&slot);
+    state_pointers_ = gather_pointers<float>(slots);
   }
 
   std::size_t towers() const { return gradients_.size(); }
@@ -79,35 +90,31 @@ class emulated_towers {
   const variable_set& variables() const { return variables_; }
   int count() const { return static_cast<int>(variables_.count()); }
   const std::vector<tensor_chunk>& chunks() const { return chunks_; }
-  pointer_table<float> gradient_table() { return {gradient_pointers_.data(), count()}; }
 
-  // The optimizer with the whole state, writing the first replica_count roles of `replicas`.
-  optimizer_apply<Optim, float> apply(pointer_table<float> replicas, int replica_count,
-                                      const typename Optim::template step_constants<float>& c) {
-    return {replicas, {state_pointers_.data(), count()}, replica_count, static_cast<int>(state_.size()), c, {}};
+  // The optimizer with the whole state, writing the first replica_count roles of `replicas`; `master`:
+  // with 16-bit towers, the float master it reads and writes (role 0).
+  optimizer_apply<Optim, float, stored_type> apply(pointer_table<stored_type> replicas, int replica_count,
+                                                   const typename Optim::template step_constants<float>& c,
+                                                   pointer_table<float> master = {}) {
+    return {replicas, {state_pointers_.data(), count()}, replica_count, static_cast<int>(state_.size()), c, master};
   }
 
   // Poisons every replica but the root's, so that an element a pass forgets to write shows.
   void poison_replicas() {
     for (std::size_t t = 1; t < replicas_.size(); ++t) {
       for (std::size_t v = 0; v < variables_.count(); ++v) {
-        for (float& x : replicas_[t].view(v)) x = std::nanf("");
+        for (stored_type& x : replicas_[t].view(v)) x = quiet_nan<stored_type>();
       }
     }
   }
 
  private:
-  static std::vector<device_buffer*> roles(std::vector<device_buffer>& buffers) {
-    std::vector<device_buffer*> result;
-    for (device_buffer& b : buffers) result.push_back(&b);
-    return result;
-  }
-
   const variable_set& variables_;
   tower_access access_;
   std::vector<tensor_chunk> chunks_;
-  std::vector<device_buffer> gradients_, replicas_, state_;
-  std::vector<float*> gradient_pointers_, state_pointers_;
+  std::vector<device_buffer> gradients_, replicas_;
+  std::vector<float_buffer> state_;
+  std::vector<float*> state_pointers_;
 };
 
 // A pointer table over entries the wiring built ([role][variable]), as the kernels get it uploaded.

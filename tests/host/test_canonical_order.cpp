@@ -205,13 +205,14 @@ TEST_CASE("the tree rounds reproduce the canonical sum bitwise", "[multi_tensor]
           towers, [&](int t) { return detail::rounded_mul(weights[static_cast<std::size_t>(t)], raw[static_cast<std::size_t>(t)]); });
       float* pointers[32];
       for (int t = 0; t < towers; ++t) pointers[t] = &raw[static_cast<std::size_t>(t)];
-      const pointer_table<float> sums{pointers, 1};
+      // Full precision: the partial sums live in the raw gradients' buffers (tree_operands).
+      const tree_operands<float> operands{{pointers, 1}, {pointers, 1}};
       const auto rounds = canonical_tree_rounds<float>(towers, weights);
       float result = 0;
       for (std::size_t r = 0; r < rounds.size(); ++r) {
         for (const tree_edge<float>& edge : rounds[r]) {
           nonfinite_key unchecked = no_nonfinite;
-          const float combined = edge.combine<1>(sums, 0, 0, unchecked).value[0];
+          const float combined = edge.combine<1>(operands, 0, 0, unchecked).value[0];
           if (r + 1 == rounds.size()) {
             REQUIRE(edge.left == 0);
             result = combined;

@@ -76,15 +76,45 @@ TEST_CASE("tree_wiring: scratch where a parent does not reach its child, the roo
   const std::vector<float*> targets = wiring.root_target_pointers<float>(towers);
   CHECK(targets.size() == 2 * wiring_variables.count());
   CHECK(targets[wiring_variables.count()] == towers.replica(1).data(0));
+  CHECK(wiring.has_children == std::vector<char>{1, 0, 1, 0});
+  CHECK(wiring.needs_partial_scratch == std::vector<char>{1, 0, 0, 0});  // tower 2's partial sum, for the root edge
+  CHECK(wiring.needs_raw_scratch == std::vector<char>{0, 0, 0, 0});
+  const std::size_t count = wiring_variables.count();
   towers_type::copy_buffer scratch(wiring_variables);
-  const std::vector<float*> sums = wiring.sum_pointers<float>(towers, 0, &scratch);
-  CHECK(sums[2 * wiring_variables.count()] == scratch.data(0));  // tower 2's partial, through the root's scratch
-  CHECK(sums[1 * wiring_variables.count()] == towers.gradients(1).data(0));
-  CHECK(wiring.operand_copies<float>(towers, 2, &scratch).size() == wiring_variables.count());
-  CHECK(wiring.operand_copies<float>(towers, 1, &scratch).empty());
+  const std::vector<towers_type::device_buffer*> partials{&towers.gradients(0), nullptr, &towers.gradients(2), nullptr};
+  const std::vector<float*> sums = wiring.partial_pointers<float>(partials, 0, &scratch, count);
+  CHECK(sums[2 * count] == scratch.data(0));  // tower 2's partial, through the root's scratch
+  CHECK(sums[0] == towers.gradients(0).data(0));
+  CHECK(sums[1 * count] == nullptr);  // tower 1 has no partial sum: its operand is raw
+  const std::vector<float*> raw = wiring.raw_pointers<float>(towers, 0, static_cast<towers_type::copy_buffer*>(nullptr));
+  CHECK(raw[1 * count] == towers.gradients(1).data(0));
+  CHECK(raw[2 * count] == nullptr);  // read as a partial sum only
+  CHECK(wiring.partial_operand_copies<float>(towers, 2, partials, &scratch).size() == count);
+  CHECK(wiring.raw_operand_copies<float>(towers, 2, &scratch).empty());
+  CHECK(wiring.partial_operand_copies<float>(towers, 1, partials, &scratch).empty());
+  CHECK(wiring.raw_operand_copies<float>(towers, 1, &scratch).empty());
   CHECK(wiring.pull_copies<float>(towers, 2).size() == wiring_variables.count());  // tower 2 does not reach tower 0
   CHECK(wiring.pull_copies<float>(towers, 3).empty());                           // tower 3 pulls from 2 directly
   CHECK(wiring.pulls_directly[3]);
+}
+
+TEST_CASE("tree_wiring: a child without children that its parent does not reach is copied raw, into the raw scratch",
+          "[multi_tensor]") {
+  towers_type towers(wiring_variables, 3, optim::sgd::hyper_parameters{}, 256, topology::peer_pairs);
+  const tree_wiring wiring(towers.access());
+  CHECK(wiring.parent == std::vector<int>{-1, 0, 0});
+  CHECK(wiring.has_children == std::vector<char>{1, 0, 0});
+  CHECK(wiring.needs_raw_scratch == std::vector<char>{1, 0, 0});
+  CHECK(wiring.needs_partial_scratch == std::vector<char>{0, 0, 0});
+  const std::size_t count = wiring_variables.count();
+  towers_type::copy_buffer scratch(wiring_variables);
+  const std::vector<float*> raw = wiring.raw_pointers<float>(towers, 0, &scratch);
+  CHECK(raw[2 * count] == scratch.data(0));
+  CHECK(raw[1 * count] == towers.gradients(1).data(0));
+  const copy_list<float> copies = wiring.raw_operand_copies<float>(towers, 2, &scratch);
+  REQUIRE(copies.size() == count);
+  CHECK(copies[0].source == towers.gradients(2).data(0));
+  CHECK(copies[0].target == scratch.data(0));
 }
 
 TEST_CASE("slice_copies: an owner's tables name the towers it reaches and its compact copies of the others' slices",

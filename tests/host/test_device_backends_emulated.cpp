@@ -52,7 +52,7 @@ template <class Optim, class Layout>
 struct whole_average {
   explicit whole_average(towers_of<Optim, Layout>& towers)
       : buffer(towers.variables()), pointers(gather_pointers<float>(std::vector<decltype(&buffer)>{&buffer})) {}
-  typename Layout::template buffer<host_memory> buffer;
+  typename Layout::template buffer<host_memory, float> buffer;
   std::vector<float*> pointers;
 };
 
@@ -117,42 +117,77 @@ class emulated_device0 {
 
 // reduce::p2p_tree (reduce/p2p_tree.cuh) as tree_wiring wires it: each edge reads its right operand in
 // place or from the left tower's scratch, filled just before the edge; the root's pass writes the
-// replicas the wiring gives it; every other tower pulls its parent's, by the copy agent or a copy.
+// replicas the wiring gives it; every other tower pulls its parent's, by the copy agent or a copy. With
+// 16-bit towers (checked steps only) the towers with children keep float partial sums of their own, the
+// scratches are a 16-bit one for raw operands and a float one for partial sums, and the root's
+// optimizer reads and writes a float master.
 template <class Optim, class Layout>
 class emulated_p2p_tree {
+  using stored_type = typename Layout::value_type;
+  static constexpr bool mixed = !std::is_same<stored_type, float>::value;
+  using towers_type = towers_of<Optim, Layout>;
+  using copy_buffer = typename towers_type::copy_buffer;
+  using partial_buffer = std::conditional_t<mixed, typename towers_type::float_copy_buffer, typename towers_type::device_buffer>;
+  using partial_scratch_buffer = typename towers_type::float_copy_buffer;
+
  public:
-  explicit emulated_p2p_tree(towers_of<Optim, Layout>& towers)
+  explicit emulated_p2p_tree(towers_type& towers)
       : parts{every_variable(towers.variables().count())},
         towers_(towers),
         wiring_(towers.access()),
-        scratch_(towers.towers()),
-        average_(towers) {
+        raw_scratch_(towers.towers()),
+        partial_scratch_(towers.towers()),
+        average_(towers),
+        master_(variables_if(mixed, towers.variables())),
+        master_pointers_(gather_pointers<float>(std::vector<decltype(&master_)>{&master_})) {
     const std::size_t n = towers.towers();
+    std::vector<partial_buffer*> partials(n, nullptr);
     for (std::size_t t = 0; t < n; ++t) {
-      if (wiring_.needs_scratch[t]) scratch_[t] = std::make_unique<copy_buffer>(towers.variables(), nan_filled_memory{});
-      sums_.push_back(wiring_.sum_pointers<float>(towers, t, scratch_[t].get()));
+      if (!wiring_.has_children[t]) continue;
+      if constexpr (mixed) {
+        own_partials_.push_back(std::make_unique<partial_buffer>(towers.variables(), nan_filled_memory{}));
+        partials[t] = own_partials_.back().get();
+      } else {
+        partials[t] = &towers.gradients(t);
+      }
     }
-    operand_copies_.resize(n);
+    for (std::size_t t = 0; t < n; ++t) {
+      if (wiring_.needs_scratch[t] && (!mixed || wiring_.needs_raw_scratch[t]))
+        raw_scratch_[t] = std::make_unique<copy_buffer>(towers.variables(), nan_filled_memory{});
+      if (mixed && wiring_.needs_partial_scratch[t])
+        partial_scratch_[t] = std::make_unique<partial_scratch_buffer>(towers.variables(), nan_filled_memory{});
+      raw_.push_back(wiring_.raw_pointers<stored_type>(towers, t, raw_scratch_[t].get()));
+      sums_.push_back(wiring_.partial_pointers<float>(partials, t, partial_scratch(t), towers.variables().count()));
+    }
+    raw_operand_copies_.resize(n);
+    partial_operand_copies_.resize(n);
     pull_copies_.resize(n);
     for (std::size_t t = 1; t < n; ++t) {
-      operand_copies_[t] = wiring_.operand_copies<float>(towers, t, scratch_[static_cast<std::size_t>(wiring_.parent[t])].get());
-      pull_copies_[t] = wiring_.pull_copies<float>(towers, t);
+      const std::size_t up = static_cast<std::size_t>(wiring_.parent[t]);
+      raw_operand_copies_[t] = wiring_.raw_operand_copies<stored_type>(towers, t, raw_scratch_[up].get());
+      partial_operand_copies_[t] = wiring_.partial_operand_copies<float>(towers, t, partials, partial_scratch(up));
+      pull_copies_[t] = wiring_.pull_copies<stored_type>(towers, t);
     }
-    root_targets_ = wiring_.root_target_pointers<float>(towers);
+    root_targets_ = wiring_.root_target_pointers<stored_type>(towers);
   }
 
   step_parts parts;
   part_hook before_part;
+  // Mixed precision: the master the root's optimizer reads and writes.
+  void set_master(std::size_t v, const std::vector<float>& values) { std::copy(values.begin(), values.end(), master_.data(v)); }
+  tensor_view<const float> master(std::size_t v) const { return master_.view(v); }
+
   // Each part's rounds, root edge and pulls over the part's chunks only.
   void average_and_apply(const std::vector<float>& weights, const constants_of<Optim>& c) {
+    static_assert(!mixed, "mixed-precision steps are always checked ones");
     for (const std::vector<std::size_t>& part : parts) {
       if (before_part) before_part(part);
       const std::vector<tensor_chunk> chunks = part_chunks(towers_.chunks(), towers_.variables().count(), part);
       const auto rounds = run_tree(weights, nullptr, chunks);
       if (rounds.empty()) {
-        run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(sums_[0], count()), 1, {weights[0]}, root_apply(c)}, chunks);
+        run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(raw_[0], count()), 1, {weights[0]}, root_apply(c)}, chunks);
       } else {
-        run_agent_on_host(tree_root_agent<Optim, float>{table(sums_[0], count()), rounds.back().front(), root_apply(c)}, chunks);
+        run_agent_on_host(tree_root_agent<Optim, float>{operands(0), rounds.back().front(), root_apply(c)}, chunks);
       }
       broadcast(rounds, chunks);
     }
@@ -163,42 +198,50 @@ class emulated_p2p_tree {
     const pointer_table<float> averaged = table(average_.pointers, count());
     const std::vector<tensor_chunk> tiles = make_chunk_table(towers_.variables(), screen_tile_elements);
     if (rounds.empty()) {
-      accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{
-          {const_table(sums_[0], count()), 1, {}}, averaged, {}};
+      accumulating_source<tower_average_source<float, 0, weight_array<float>, stored_type>, float> source{
+          {const_table(raw_[0], count()), 1, {}}, averaged, {}};
       source.inner.weights.value[0] = weights[0];
       screen_tiles(source, averaged, tiles, partials);
     } else {
-      const edge_average_source<float> edge{table(sums_[0], count()), rounds.back().front()};
-      screen_tiles(accumulating_source<edge_average_source<float>, float>{edge, averaged, {}}, averaged, tiles, partials);
+      const edge_average_source<float, stored_type> edge{operands(0), rounds.back().front()};
+      screen_tiles(accumulating_source<edge_average_source<float, stored_type>, float>{edge, averaged, {}}, averaged, tiles, partials);
     }
     return partials;
   }
   void apply_averaged(float scale, const constants_of<Optim>& c) {
-    run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(average_.pointers, count()), 1, {scale}, root_apply(c)},
+    run_agent_on_host(fused_apply_agent<Optim, float, 1, stored_type>{const_table(average_.pointers, count()), 1, {scale}, root_apply(c)},
                       towers_.chunks());
     broadcast(canonical_tree_rounds<float>(static_cast<int>(towers_.towers()), std::vector<float>(towers_.towers(), 1.0f)),
               towers_.chunks());
   }
 
  private:
-  using copy_buffer = typename towers_of<Optim, Layout>::copy_buffer;
   int count() const { return towers_.count(); }
-  optimizer_apply<Optim, float> root_apply(const constants_of<Optim>& c) {
-    return towers_.apply(table(root_targets_, count()), wiring_.root_replicas(), c);
+  const partial_scratch_buffer* partial_scratch(std::size_t t) const {
+    if constexpr (mixed) return partial_scratch_[t].get();
+    else return raw_scratch_[t].get();
+  }
+  tree_operands<float, stored_type> operands(std::size_t t) const { return {const_table(raw_[t], count()), table(sums_[t], count())}; }
+  optimizer_apply<Optim, float, stored_type> root_apply(const constants_of<Optim>& c) {
+    return towers_.apply(table(root_targets_, count()), wiring_.root_replicas(), c,
+                         mixed ? table(master_pointers_, count()) : pointer_table<float>{});
   }
 
   // Every round but the last over `chunks`, then the root edge's operand (the reducer's run_rounds).
   std::vector<std::vector<tree_edge<float>>> run_tree(const std::vector<float>& weights, nonfinite_key* first_nonfinite,
                                                       const std::vector<tensor_chunk>& chunks) {
     const auto rounds = canonical_tree_rounds<float>(static_cast<int>(towers_.towers()), weights);
+    const auto copy_operand = [&](int tower) {
+      run_copies_on_host(raw_operand_copies_[static_cast<std::size_t>(tower)]);
+      run_copies_on_host(partial_operand_copies_[static_cast<std::size_t>(tower)]);
+    };
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
       for (const tree_edge<float>& edge : rounds[r]) {
-        run_copies_on_host(operand_copies_[static_cast<std::size_t>(edge.right)]);
-        run_agent_on_host(tree_round_agent<float>{table(sums_[static_cast<std::size_t>(edge.left)], count()), edge, first_nonfinite},
-                          chunks);
+        copy_operand(edge.right);
+        run_agent_on_host(tree_round_agent<float, stored_type>{operands(static_cast<std::size_t>(edge.left)), edge, first_nonfinite}, chunks);
       }
     }
-    if (!rounds.empty()) run_copies_on_host(operand_copies_[static_cast<std::size_t>(rounds.back().front().right)]);
+    if (!rounds.empty()) copy_operand(rounds.back().front().right);
     return rounds;
   }
   void broadcast(const std::vector<std::vector<tree_edge<float>>>& rounds, const std::vector<tensor_chunk>& chunks) {
@@ -207,9 +250,9 @@ class emulated_p2p_tree {
         const std::size_t child = static_cast<std::size_t>(edge.right), parent = static_cast<std::size_t>(edge.left);
         if (wiring_.written_by_root[child]) continue;
         if (wiring_.pulls_directly[child]) {
-          const std::vector<float*> source = gather_pointers<float>(std::vector<decltype(&towers_.replica(0))>{&towers_.replica(parent)});
-          const std::vector<float*> target = gather_pointers<float>(std::vector<decltype(&towers_.replica(0))>{&towers_.replica(child)});
-          run_agent_on_host(copy_agent<float>{const_table(source, count()), table(target, count()), 1}, chunks);
+          const auto one_role = [](auto& buffer) { return gather_pointers<stored_type>(std::vector<decltype(&buffer)>{&buffer}); };
+          const std::vector<stored_type*> source = one_role(towers_.replica(parent)), target = one_role(towers_.replica(child));
+          run_agent_on_host(copy_agent<stored_type>{const_table(source, count()), table(target, count()), 1}, chunks);
         } else {
           run_copies_on_host(pull_copies_[child]);
         }
@@ -217,13 +260,19 @@ class emulated_p2p_tree {
     }
   }
 
-  towers_of<Optim, Layout>& towers_;
+  towers_type& towers_;
   tree_wiring wiring_;
-  std::vector<std::unique_ptr<copy_buffer>> scratch_;
+  std::vector<std::unique_ptr<copy_buffer>> raw_scratch_;
+  std::vector<std::unique_ptr<partial_scratch_buffer>> partial_scratch_;  // mixed precision only
+  std::vector<std::unique_ptr<partial_buffer>> own_partials_;             // mixed precision only
+  std::vector<std::vector<stored_type*>> raw_;
   std::vector<std::vector<float*>> sums_;
-  std::vector<copy_list<float>> operand_copies_, pull_copies_;
-  std::vector<float*> root_targets_;
+  std::vector<copy_list<stored_type>> raw_operand_copies_, pull_copies_;
+  std::vector<copy_list<float>> partial_operand_copies_;
+  std::vector<stored_type*> root_targets_;
   whole_average<Optim, Layout> average_;
+  typename towers_type::float_buffer master_;  // mixed precision only (else empty)
+  std::vector<float*> master_pointers_;
 };
 
 // reduce::sharded for GPU towers in one process (reduce/sharded/gpu_towers.cuh): owner k holds slice k
@@ -460,6 +509,85 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
           }
         });
       }
+    }
+  }
+}
+
+// 16-bit towers through the p2p tree (reduce/p2p_tree.cuh with a bf16 or fp16 layout; mixed steps are
+// always checked ones): raw 16-bit operands widened, float partial sums of the towers with children,
+// copied raw or as partial sums where a parent does not reach its child. The float master and every
+// replica's 16-bit bits must be the host's mixed pipeline's, the norm and the first non-finite too.
+TEMPLATE_TEST_CASE("emulated p2p_tree with 16-bit towers keeps float partial sums: bitwise the host's mixed pipeline",
+                   "[multi_tensor][checked][mixed]", layout::flat<bfloat16>, layout::per_variable<float16>) {
+  using half = typename TestType::value_type;
+  using trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<half>>;
+  const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {4101}}};
+  optim::adam::hyper_parameters h;
+  h.lr = 0.01;
+  random_source random(90);
+  for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
+    for (std::size_t n = 1; n <= 8; ++n) {
+      INFO("topology " << static_cast<int>(links) << ", " << n << " towers, seed " << random.seed());
+      const std::size_t examples = 3 * n - 1;
+      pipeline_options options;
+      options.max_grad_norm = 0.5;
+      trainer reference(variables, {{"x", dtype::float32, {1}}}, n, h, options);
+      towers_of<optim::adam, TestType> towers(variables, n, h, screen_tile_elements, links);
+      emulated_p2p_tree<optim::adam, TestType> reducer(towers);
+      for (std::size_t v = 0; v < variables.count(); ++v) {
+        const std::vector<float> initial = random.normal(variables[v].size);
+        reference.set_parameter(v, initial.data(), initial.size());
+        const auto master = reference.parameter(v);
+        reducer.set_master(v, std::vector<float>(master.begin(), master.end()));
+        const auto rounded = reference.execution_space().shared_parameters().view(v);
+        for (std::size_t t = 0; t < n; ++t) std::copy(rounded.begin(), rounded.end(), towers.replica(t).data(v));
+      }
+      std::vector<float> weights;
+      for (const shard& s : plan_split(examples, n, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
+      const std::vector<float> x(examples, 1.0f);
+      batch b;
+      b.add("x", x.data(), examples, {1});
+      std::int64_t done = 0;
+      for (int step = 1; step <= 6; ++step) {
+        INFO("step " << step);
+        std::vector<std::vector<std::vector<half>>> grads(n);
+        for (auto& tower : grads) {
+          for (const variable& v : variables) {
+            std::vector<half> values;
+            for (float value : random.normal(v.size, 0.1f)) values.push_back(half(value));
+            tower.push_back(values);
+          }
+        }
+        if (step % 3 == 0) grads[(n - 1) / 2][3][static_cast<std::size_t>(step) * 611] = quiet_nan<half>();
+        const step_stats stats = reference.step(b, [&](typename trainer::tower_context& tower) {
+          for (std::size_t v = 0; v < variables.count(); ++v)
+            tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
+          return 0.0;
+        });
+        for (std::size_t t = 0; t < n; ++t) {
+          for (std::size_t v = 0; v < variables.count(); ++v) std::copy(grads[t][v].begin(), grads[t][v].end(), towers.gradients(t).data(v));
+        }
+        towers.poison_replicas();
+        const screen_partials partials = reducer.screen_average(weights);
+        if (stats.skipped) {
+          check_same_nonfinite(partials, stats);
+          continue;
+        }
+        ++done;
+        REQUIRE(partials.first_nonfinite == no_nonfinite);
+        CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
+        CHECK(stats.clip_coefficient < 1.0);  // the clip is exercised
+        reducer.apply_averaged(clip_coefficient(partials, options.max_grad_norm), optim::adam::constants<float>(h, done));
+        for (std::size_t v = 0; v < variables.count(); ++v) {
+          REQUIRE(first_bitwise_difference(reducer.master(v), reference.parameter(v)) == -1);
+          const auto expected = reference.execution_space().shared_parameters().view(v);
+          for (std::size_t t = 0; t < n; ++t) {
+            const auto replica = towers.replica(t).view(v);
+            for (std::size_t i = 0; i < replica.size(); ++i) REQUIRE(replica[i].bits == expected[i].bits);
+          }
+        }
+      }
+      CHECK(done == 4);
     }
   }
 }

@@ -104,43 +104,53 @@ struct fused_apply_agent {
   }
 };
 
-// One edge of the canonical tree (programs/canonical_order.hpp): s_left = s_left + s_right. Partial sums
-// live in the towers' gradient buffers: a tower's buffer holds its raw gradient until the tower has been
-// the left side of an edge, its weighted partial sum after; raw operands are multiplied by their weight,
-// and checked: every tower's raw gradient is an operand of exactly one edge, so the tree finds the
-// first non-finite value of each tower as the screen does (programs/screen.hpp).
+// Where the p2p tree's operands lie as one tower reads them, role = tower: the towers' raw gradients,
+// and the partial sums of the towers with children in the tree (the left side of some edge). In full
+// precision a tower's partial sum lives in its own gradient buffer, so both tables hold the same
+// pointers. With 16-bit towers (Stored = bf16, fp16) the partial sums are T buffers of their own: the
+// canonical sums are T's, and a 16-bit partial would round them at every edge.
+template <class T, class Stored = T>
+struct tree_operands {
+  pointer_table<const Stored> raw;
+  pointer_table<T> sums;  // null where a tower has no children: its operand is always raw
+};
+
+// One edge of the canonical tree (programs/canonical_order.hpp): s_left = s_left + s_right. A tower's
+// operand is its raw gradient until the tower has been the left side of an edge, its weighted partial
+// sum after; raw operands are widened and multiplied by their weight, and checked: every tower's raw
+// gradient is an operand of exactly one edge, so the tree finds the first non-finite value of each
+// tower as the screen does (programs/screen.hpp).
 template <class T>
 struct tree_edge {
   int left, right;
   bool left_raw, right_raw;
   T left_weight, right_weight;
 
-  template <unsigned W>
-  TOWERPIPE_HOST_DEVICE lanes<T, W> combine(const pointer_table<T>& sums, int v, unsigned i, nonfinite_key& first) const {
-    return add_lanes(operand<W>(sums, left, left_raw, left_weight, v, i, first),
-                     operand<W>(sums, right, right_raw, right_weight, v, i, first));
+  template <unsigned W, class Stored>
+  TOWERPIPE_HOST_DEVICE lanes<T, W> combine(const tree_operands<T, Stored>& at, int v, unsigned i, nonfinite_key& first) const {
+    return add_lanes(operand<W>(at, left, left_raw, left_weight, v, i, first), operand<W>(at, right, right_raw, right_weight, v, i, first));
   }
 
  private:
-  template <unsigned W>
-  TOWERPIPE_HOST_DEVICE static lanes<T, W> operand(const pointer_table<T>& sums, int tower, bool raw, T weight, int v,
-                                                   unsigned i, nonfinite_key& first) {
-    const lanes<T, W> value = load_lanes<W>(sums.at(tower, v) + i);
-    if (!raw) return value;
+  template <unsigned W, class Stored>
+  TOWERPIPE_HOST_DEVICE static lanes<T, W> operand(const tree_operands<T, Stored>& at, int tower, bool raw, T weight, int v, unsigned i,
+                                                   nonfinite_key& first) {
+    if (!raw) return load_lanes<W>(at.sums.at(tower, v) + i);
+    const lanes<T, W> value = widen_lanes<T>(load_lanes<W>(at.raw.at(tower, v) + i));
     note_nonfinite(value, v, i, static_cast<unsigned>(tower), first);
     return scale_lanes(weight, value);
   }
 };
 
 // The p2p tree's last edge as the screen's source (programs/screen.hpp).
-template <class T>
+template <class T, class Stored = T>
 struct edge_average_source {
-  pointer_table<T> sums;  // role = tower
+  tree_operands<T, Stored> operands;
   tree_edge<T> edge;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE lanes<T, W> average(int v, unsigned i, nonfinite_key& first) const {
-    return edge.template combine<W>(sums, v, i, first);
+    return edge.template combine<W>(operands, v, i, first);
   }
 };
 
@@ -162,35 +172,35 @@ std::vector<std::vector<tree_edge<T>>> canonical_tree_rounds(int towers, const s
   return rounds;
 }
 
-// A p2p tree round that is not the last: s_left = s_left + s_right in place. In a checked step the
-// first non-finite raw operand's key is kept at first_nonfinite (null: unchecked).
-template <class T>
+// A p2p tree round that is not the last: s_left = s_left + s_right, into the left tower's partial sum.
+// In a checked step the first non-finite raw operand's key is kept at first_nonfinite (null: unchecked).
+template <class T, class Stored = T>
 struct tree_round_agent {
   using value_type = T;
-  pointer_table<T> sums;  // role = tower
+  tree_operands<T, Stored> operands;
   tree_edge<T> edge;
   nonfinite_key* first_nonfinite;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     nonfinite_key first = no_nonfinite;
-    store_lanes<W>(sums.at(edge.left, v) + i, edge.template combine<W>(sums, v, i, first));
+    store_lanes<W>(operands.sums.at(edge.left, v) + i, edge.template combine<W>(operands, v, i, first));
     if (first != no_nonfinite && first_nonfinite != nullptr) record_nonfinite(first_nonfinite, first);
   }
 };
 
 // The p2p tree's root: the last edge (into tower 0) fused with the optimizer and the root's replica.
-template <class Optim, class T>
+template <class Optim, class T, class Stored = T>
 struct tree_root_agent {
   using value_type = T;
-  pointer_table<T> sums;  // role = tower
+  tree_operands<T, Stored> operands;
   tree_edge<T> edge;
-  optimizer_apply<Optim, T> apply;
+  optimizer_apply<Optim, T, Stored> apply;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     nonfinite_key unchecked = no_nonfinite;
-    apply.template apply<W>(v, i, edge.template combine<W>(sums, v, i, unchecked));
+    apply.template apply<W>(v, i, edge.template combine<W>(operands, v, i, unchecked));
   }
 };
 

@@ -108,62 +108,96 @@ class tower_copies {
   copy_list<value_type> gradients_in_, replicas_out_;
 };
 
-// reduce::p2p_tree (reduce/p2p_tree.cuh) over the canonical tree's rounds. Every tower's partial sum
-// lives in its own gradient buffer; an edge (left, right) runs on left's stream and adds right's
-// partial into left's buffer, reading right's buffer in place or, where left does not reach right,
-// from left's scratch buffer, filled by a copy of right's buffer just before the edge (after right's
-// last write). The root (tower 0) writes its replica and those of its children it reaches; every other
-// tower then pulls its parent's replica, in place or by a copy.
+// reduce::p2p_tree (reduce/p2p_tree.cuh) over the canonical tree's rounds. A tower with children (the
+// left side of some edge) keeps its partial sum (agents.hpp tree_operands: in its own gradient buffer in
+// full precision, in a buffer of the master type beside its 16-bit gradients otherwise); an edge (left,
+// right) runs on left's stream and adds right's operand — its raw gradient if it has no children, else
+// its partial sum — into left's partial sum, reading right's buffer in place or, where left does not
+// reach right, from one of left's scratch buffers, filled by a copy of right's buffer just before the
+// edge (after right's last write). The root (tower 0) writes its replica and those of its children it
+// reaches; every other tower then pulls its parent's replica, in place or by a copy.
 struct tree_wiring {
   std::vector<int> parent;                   // per tower; -1 for the root
-  std::vector<std::vector<char>> via_scratch; // [reader][tower]: reader reads tower's partial from its scratch (only
+  std::vector<char> has_children;            // per tower: the left side of some edge, so it keeps a partial sum
+  std::vector<std::vector<char>> via_scratch; // [reader][tower]: reader reads tower's operand from its scratch (only
                                               // its own and its children's are read)
-  std::vector<char> needs_scratch;            // per tower: one of its edges reads through its scratch
+  std::vector<char> needs_raw_scratch;        // per tower: it reads a child's raw gradient through a copy
+  std::vector<char> needs_partial_scratch;    // per tower: it reads a child's partial sum through a copy
+  std::vector<char> needs_scratch;            // per tower: either (full precision: one scratch serves both)
   std::vector<char> written_by_root;          // per tower: the root's pass writes its replica
   std::vector<char> pulls_directly;           // per non-root tower not written by the root
 
   explicit tree_wiring(const tower_access& access) {
     const std::size_t n = access.towers();
     parent.assign(n, -1);
+    has_children.assign(n, 0);
     for (const auto& round : canonical_tree_rounds<float>(static_cast<int>(n), std::vector<float>(n, 1.0f))) {
-      for (const tree_edge<float>& edge : round) parent[static_cast<std::size_t>(edge.right)] = edge.left;
+      for (const tree_edge<float>& edge : round) {
+        parent[static_cast<std::size_t>(edge.right)] = edge.left;
+        has_children[static_cast<std::size_t>(edge.left)] = 1;
+      }
     }
     via_scratch.assign(n, std::vector<char>(n, 0));
+    needs_raw_scratch.assign(n, 0);
+    needs_partial_scratch.assign(n, 0);
     needs_scratch.assign(n, 0);
     written_by_root.assign(n, 0);
     pulls_directly.assign(n, 0);
-    const auto reads = [&](std::size_t reader, std::size_t tower) {
-      via_scratch[reader][tower] = !access.reaches(reader, tower);
-      if (via_scratch[reader][tower]) needs_scratch[reader] = 1;
-    };
-    for (std::size_t t = 0; t < n; ++t) {
-      reads(t, t);  // its own partial, which its edges add to
-      if (t == 0) continue;
+    for (std::size_t t = 1; t < n; ++t) {
       const std::size_t up = static_cast<std::size_t>(parent[t]);
-      reads(up, t);  // the edge (up, t)
+      if (!access.reaches(up, t)) {  // the edge (up, t) reads t's operand through a copy
+        via_scratch[up][t] = 1;
+        (has_children[t] ? needs_partial_scratch : needs_raw_scratch)[up] = 1;
+        needs_scratch[up] = 1;
+      }
       written_by_root[t] = up == 0 && access.reaches(0, t);
       pulls_directly[t] = access.reaches(t, up);
     }
   }
 
-  // Tower `reader`'s view of every tower's partial sum, role = tower: the tower's gradient buffer in
-  // place, or `scratch` (the reader's; null where it needs none).
-  template <class T, class Towers, class Scratch>
-  std::vector<T*> sum_pointers(Towers& towers, std::size_t reader, const Scratch* scratch) const {
-    std::vector<T*> pointers;
+  // Tower `reader`'s tables of operands, role = tower (agents.hpp tree_operands): the raw gradients —
+  // the tower's own buffer, or reader's raw scratch for a child without children it reads through a
+  // copy — and the partial sums: partials[t] (null for a tower without children), or reader's partial
+  // scratch for a child it reads through a copy. A scratch may be null where the reader needs none.
+  template <class Stored, class Towers, class Scratch>
+  std::vector<Stored*> raw_pointers(Towers& towers, std::size_t reader, const Scratch* raw_scratch) const {
+    std::vector<Stored*> pointers;
     for (std::size_t t = 0; t < towers.towers(); ++t) {
-      if (via_scratch[reader][t]) append_role(pointers, *scratch);
-      else append_role(pointers, towers.gradients(t));
+      if (!via_scratch[reader][t]) append_role(pointers, towers.gradients(t));
+      else if (has_children[t]) pointers.insert(pointers.end(), towers.gradients(t).variables().count(), nullptr);  // read as a partial
+      else append_role(pointers, *raw_scratch);
     }
     return pointers;
   }
-  // Just before the edge into t's parent, after t's last write: t's partial into the parent's scratch
-  // where the parent does not reach t (else nothing).
-  template <class T, class Towers, class Scratch>
-  copy_list<T> operand_copies(Towers& towers, std::size_t t, const Scratch* parent_scratch) const {
+  template <class T, class Partial, class Scratch>
+  std::vector<T*> partial_pointers(const std::vector<Partial*>& partials, std::size_t reader, const Scratch* partial_scratch,
+                                   std::size_t variables) const {
+    std::vector<T*> pointers;
+    for (std::size_t t = 0; t < partials.size(); ++t) {
+      if (!has_children[t]) pointers.insert(pointers.end(), variables, nullptr);
+      else if (via_scratch[reader][t]) append_role(pointers, *partial_scratch);
+      else append_role(pointers, *partials[t]);
+    }
+    return pointers;
+  }
+  // Just before the edge into t's parent, after t's last write, where the parent does not reach t: t's
+  // raw gradient into the parent's raw scratch (t without children), or t's partial sum into the
+  // parent's partial scratch (else nothing).
+  template <class Stored, class Towers, class Scratch>
+  copy_list<Stored> raw_operand_copies(Towers& towers, std::size_t t, const Scratch* parent_raw_scratch) const {
+    copy_list<Stored> copies;
+    const std::size_t up = static_cast<std::size_t>(parent[t]);
+    if (via_scratch[up][t] && !has_children[t])
+      add_whole_copy(copies, *parent_raw_scratch, towers.device(up), towers.gradients(t), towers.device(t));
+    return copies;
+  }
+  template <class T, class Towers, class Partial, class Scratch>
+  copy_list<T> partial_operand_copies(Towers& towers, std::size_t t, const std::vector<Partial*>& partials,
+                                      const Scratch* parent_partial_scratch) const {
     copy_list<T> copies;
     const std::size_t up = static_cast<std::size_t>(parent[t]);
-    if (via_scratch[up][t]) add_whole_copy(copies, *parent_scratch, towers.device(up), towers.gradients(t), towers.device(t));
+    if (via_scratch[up][t] && has_children[t])
+      add_whole_copy(copies, *parent_partial_scratch, towers.device(up), *partials[t], towers.device(t));
     return copies;
   }
   // The replicas the root's pass writes: tower 0's, and those of written_by_root.

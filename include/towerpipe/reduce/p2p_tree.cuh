@@ -20,6 +20,12 @@
 // A checked step (programs/screen.hpp): the same rounds, each checking the raw gradients it reads; the
 // root's edge runs as the screen into an average on tower 0's device; the apply reads that average.
 //
+// Mixed precision (bf16 or fp16 towers; every such step is a checked one): each tower with children in
+// the tree keeps its partial sum in an fp32 buffer on its device beside its 16-bit gradients
+// (programs/agents.hpp tree_operands), since the canonical sums are fp32's; a raw 16-bit gradient is
+// widened where an edge reads it. The optimizer runs on an fp32 master on tower 0's device (as
+// device0's) and the replicas get it rounded to nearest even; the pulls move 16-bit replicas.
+//
 // Gradient buckets (reduce/overlapped_reduction.hpp): once every tower has marked a bucket, its rounds,
 // root edge (fused apply, or screen) and pulls run over the bucket's chunks only, each on the side
 // stream that runs it in the whole step, after the bucket's events; each element still goes through the
@@ -57,13 +63,12 @@ namespace detail {
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
 class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
                          public whole_step_as_one_part<p2p_tree_reducer<Optim, Layout, Policy>> {
-  static_assert(std::is_floating_point<typename Layout::value_type>::value,
-                "towerpipe: reduce::p2p_tree does not take mixed precision (bf16/fp16 layouts) yet: its partial sums "
-                "live in the towers' 16-bit gradient buffers; use reduce::device0");
-
  public:
-  using stored_type = typename Layout::value_type;
+  using stored_type = typename Layout::value_type;  // the towers' gradients and replicas
+  using T = master_type_t<stored_type>;             // partial sums, master, state, average
+  static constexpr bool mixed = !std::is_same<stored_type, T>::value;
   using device_buffer = typename Layout::template buffer<cuda_device_memory>;
+  using partial_buffer = typename Layout::template buffer<cuda_device_memory, T>;  // device_buffer in full precision
   using hyper_parameters = typename Optim::hyper_parameters;
 
   p2p_tree_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
@@ -83,32 +88,51 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
         overlaps_(!options.poison_gradients) {
     check_device_tower_count("reduce::p2p_tree", towers.towers());
     const std::size_t n = towers.towers();
-    const int count = static_cast<int>(variables.count());
+    const std::size_t count = variables.count();
     // The root's apply writes these replicas in the same pass: one pass instead of one plus a pull each.
     const std::vector<stored_type*> root_targets = wiring_.root_target_pointers<stored_type>(towers);
     root_replica_count_ = wiring_.root_replicas();
     const std::vector<tensor_chunk> chunk_list = make_chunk_table(variables, Policy::chunk_elements);
-    const auto aligned_table = [&](const std::vector<stored_type*>& pointers, int device, const char* what) {
-      return std::make_unique<device_pointer_table<stored_type>>(vector_pointer_table<Policy>(pointers, count, chunk_list, device, what));
+    const auto aligned_table = [&](const auto& pointers, int device, const char* what) {
+      using element = std::remove_pointer_t<typename std::decay_t<decltype(pointers)>::value_type>;
+      return std::make_unique<device_pointer_table<element>>(
+          vector_pointer_table<Policy>(pointers, static_cast<int>(count), chunk_list, device, what));
     };
     root_targets_ = aligned_table(root_targets, towers.device(0), "reduce::p2p_tree: the replicas the root writes");
-    const std::size_t rounds = canonical_tree_rounds<stored_type>(static_cast<int>(n), std::vector<stored_type>(n, stored_type(1))).size();
+    // Where each tower with children keeps its partial sum: its gradient buffer, or (mixed) an fp32 buffer.
+    std::vector<partial_buffer*> partials(n, nullptr);
+    for (std::size_t t = 0; t < n; ++t) {
+      if (!wiring_.has_children[t]) continue;
+      if constexpr (mixed) {
+        own_partials_.push_back(std::make_unique<partial_buffer>(variables, cuda_device_memory{towers.device(t)}));
+        partials[t] = own_partials_.back().get();
+      } else {
+        partials[t] = &towers.gradients(t);
+      }
+    }
+    const std::size_t rounds = canonical_tree_rounds<T>(static_cast<int>(n), std::vector<T>(n, T(1))).size();
     for (std::size_t t = 0; t < n; ++t) {
       const int device = towers.device(t);
       nodes_.push_back(std::make_unique<node>(variables, device, Policy::chunk_elements, towers.trace().on() ? rounds : 0));
       node& own = *nodes_.back();
       if (wiring_.needs_scratch[t]) {
-        own.scratch = std::make_unique<device_buffer>(variables, cuda_device_memory{device});
+        // Full precision: one scratch serves a child's raw gradient and a child's partial sum alike.
+        if (!mixed || wiring_.needs_raw_scratch[t]) own.raw_scratch = std::make_unique<device_buffer>(variables, cuda_device_memory{device});
+        if (mixed && wiring_.needs_partial_scratch[t])
+          own.partial_scratch = std::make_unique<partial_buffer>(variables, cuda_device_memory{device});
         log_warning(make_message("reduce::p2p_tree: tower ", t, " (device ", device,
                                  ") reads some of its children in the tree through copies: no direct access"));
         overlaps_ = false;  // whole copies: every bucket waits for the whole gradients
       }
-      own.sums = aligned_table(wiring_.sum_pointers<stored_type>(towers, t, own.scratch.get()), device,
-                               "reduce::p2p_tree: the partial sums a tower reads");
+      own.raw = aligned_table(wiring_.raw_pointers<stored_type>(towers, t, own.raw_scratch.get()), device,
+                              "reduce::p2p_tree: the raw gradients a tower reads");
+      own.sums = aligned_table(wiring_.partial_pointers<T>(partials, t, own.partial_scratch_or_raw(), count), device,
+                               "reduce::p2p_tree: the partial sums a tower reads and writes");
       if (t == 0) continue;
       // Parents come first in tower order (left < right on every edge): the parent's scratch exists.
       const node& parent = *nodes_[static_cast<std::size_t>(wiring_.parent[t])];
-      own.operand_copies = wiring_.operand_copies<stored_type>(towers, t, parent.scratch.get());
+      own.raw_operand_copies = wiring_.raw_operand_copies<stored_type>(towers, t, parent.raw_scratch.get());
+      own.partial_operand_copies = wiring_.partial_operand_copies<T>(towers, t, partials, parent.partial_scratch_or_raw());
       own.pull_copies = wiring_.pull_copies<stored_type>(towers, t);
       if (wiring_.written_by_root[t]) continue;
       if (!wiring_.pulls_directly[t]) overlaps_ = false;  // a whole copy of the parent's replica
@@ -126,30 +150,33 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
   // finishes the step. Off where an edge or a pull copies whole buffers (no peer access) and with
   // poison_gradients.
   bool overlaps_buckets() const { return overlaps_; }
-  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
-                              const typename Optim::template step_constants<stored_type>& constants, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::p2p_tree part");
-    const std::vector<chunk_group> runs = chunk_runs_.runs(part.variables);
-    const auto rounds = run_rounds(towers, part, weights, runs, false);
-    const optimizer_apply<Optim, stored_type> apply = apply_for(constants);
-    node& root = *nodes_[0];
-    {
-      device_guard on(root.side.device());
-      if (!part.during_towers()) root_start_.record(root.side);
-      for (const chunk_group& run : runs) {
-        if (rounds.empty()) {
-          launch_fused_apply_for<Policy, 1>(root.chunks, root.side, 1, root.sums->const_view(), weights, apply, run);
-        } else {
-          root.chunks.template launch<Policy>(tree_root_agent<Optim, stored_type>{root.sums->view(), rounds.back().front(), apply},
-                                              root.side, run);
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
+                              const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
+    if constexpr (mixed) {
+      fail("reduce::p2p_tree: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
+    } else {
+      const nvtx_range range("towerpipe reduce::p2p_tree part");
+      const std::vector<chunk_group> runs = chunk_runs_.runs(part.variables);
+      const auto rounds = run_rounds(towers, part, weights, runs, false);
+      const optimizer_apply<Optim, T, stored_type> apply = apply_for(constants);
+      node& root = *nodes_[0];
+      {
+        device_guard on(root.side.device());
+        if (!part.during_towers()) root_start_.record(root.side);
+        for (const chunk_group& run : runs) {
+          if (rounds.empty()) {
+            launch_fused_apply_for<Policy, 1>(root.chunks, root.side, 1, root.raw->const_view(), weights, apply, run);
+          } else {
+            root.chunks.template launch<Policy>(tree_root_agent<Optim, T>{root.operands(), rounds.back().front(), apply}, root.side, run);
+          }
         }
+        if (!part.during_towers()) root_end_.record(root.side);
       }
-      if (!part.during_towers()) root_end_.record(root.side);
+      broadcast(rounds, runs);
+      if (part.during_towers()) return;
+      finish_step(towers, false, stages);
+      if (towers.trace().on()) record_device_spans(towers, rounds);
     }
-    broadcast(rounds, runs);
-    if (part.during_towers()) return;
-    finish_step(towers, false, stages);
-    if (towers.trace().on()) record_device_spans(towers, rounds);
   }
   // After a failed step: the parts enqueued on the side streams done, and the towers' next work after them.
   void join_parts(cuda_towers<Layout>& towers) { order_towers_after_sides(towers); }
@@ -166,8 +193,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
   }
   // A checked step's part: the same rounds, each checking the raw gradients it reads, then the root's
   // edge through the screen (programs/screen.hpp) into the average on tower 0's device.
-  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
-                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights, const accumulation<T>& step,
+                   screen_partials& partials, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::p2p_tree screen part");
     const auto rounds = run_rounds(towers, part, weights, chunk_runs_.runs(part.variables), true);
     const cuda_stream& stream = nodes_[0]->side;
@@ -175,10 +202,10 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
     if (!part.during_towers()) root_start_.record(stream);
     for (const chunk_group& tiles : tile_runs_.runs(part.variables)) {
       if (rounds.empty()) {
-        launch_tower_screen(average_.screen, stream, 1, nodes_[0]->sums->const_view(), weights, average_.table.view(), step, tiles);
+        launch_tower_screen(average_.screen, stream, 1, nodes_[0]->raw->const_view(), weights, average_.table.view(), step, tiles);
       } else {
-        const edge_average_source<stored_type> edge{nodes_[0]->sums->view(), rounds.back().front()};
-        average_.screen.launch(accumulating_source<edge_average_source<stored_type>, stored_type>{edge, average_.table.view(), step},
+        const edge_average_source<T, stored_type> edge{nodes_[0]->operands(), rounds.back().front()};
+        average_.screen.launch(accumulating_source<edge_average_source<T, stored_type>, T>{edge, average_.table.view(), step},
                                average_.table.view(), stream, tiles);
       }
     }
@@ -192,19 +219,19 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
   }
 
   // Pass 2: the optimizer on scale * average on tower 0's device, then the broadcast down the tree.
-  void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const typename Optim::template step_constants<stored_type>& constants,
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const typename Optim::template step_constants<T>& constants,
                       stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::p2p_tree apply");
     const cuda_stream& stream = nodes_[0]->side;
     {
       device_guard on(stream.device());
       root_start_.record(stream);
-      launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, stream, 1, average_.table.const_view(), std::vector<stored_type>{scale},
+      launch_fused_apply_for<Policy, 1>(nodes_[0]->chunks, stream, 1, average_.table.const_view(), std::vector<T>{scale},
                                         apply_for(constants));
       root_end_.record(stream);
     }
     const std::size_t n = towers.towers();
-    const auto rounds = canonical_tree_rounds<stored_type>(static_cast<int>(n), std::vector<stored_type>(n, stored_type(1)));
+    const auto rounds = canonical_tree_rounds<T>(static_cast<int>(n), std::vector<T>(n, T(1)));
     broadcast(rounds, {every_chunk});
     finish_step(towers, false, stages);
     if (towers.trace().on()) record_device_spans(towers, rounds);
@@ -214,13 +241,12 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
   // A part's work on the side streams, up to the root's edge: every side stream waits for its tower's
   // gradients of the part (the bucket's event, or all of them after the towers), then every round but
   // the last over the part's chunk runs, each edge on its left tower's side stream after the right
-  // tower's last write to its buffer; the root's side stream last waits for the root edge's right
+  // tower's last write to its operand; the root's side stream last waits for the root edge's right
   // operand (copying it where it has no peer access). Returns the rounds (the last one's only edge is
   // the root's: left = 0). `checked`: the raw operands' non-finite keys go to each left tower's key.
-  std::vector<std::vector<tree_edge<stored_type>>> run_rounds(cuda_towers<Layout>& towers, const step_part& part,
-                                                              const std::vector<stored_type>& weights,
-                                                              const std::vector<chunk_group>& runs, bool checked) {
-    const auto rounds = canonical_tree_rounds<stored_type>(static_cast<int>(towers.towers()), weights);
+  std::vector<std::vector<tree_edge<T>>> run_rounds(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
+                                                    const std::vector<chunk_group>& runs, bool checked) {
+    const auto rounds = canonical_tree_rounds<T>(static_cast<int>(towers.towers()), weights);
     const bool last_part = !part.during_towers();
     if (last_part) {  // stages.reduce starts when the last tower's gradients are ready, on a stream no tower waits for
       device_guard on(towers.device(0));
@@ -229,22 +255,22 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
     }
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       node& own = *nodes_[t];
-      // Its edges add into its gradients and its pull overwrites its parameters: both after its marks.
+      // Its edges add into its partial sum and its pull overwrites its parameters: both after its marks.
       own.partial_ready = last_part ? &towers.gradients_ready(t) : &towers.bucket_done(t, part.bucket);
       own.partial_ready->make_wait(own.side);
     }
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
-      for (const tree_edge<stored_type>& edge : rounds[r]) {
+      for (const tree_edge<T>& edge : rounds[r]) {
         node& left = *nodes_[static_cast<std::size_t>(edge.left)];
         const node& right = *nodes_[static_cast<std::size_t>(edge.right)];
         device_guard on(left.side.device());
         right.partial_ready->make_wait(left.side);
-        run_copies_async(right.operand_copies, left.side);
+        right.copy_operand(left.side);
         const bool timed = last_part && !left.edge_start.empty();
         if (timed) left.edge_start[r].record(left.side);
         for (const chunk_group& run : runs)
-          left.chunks.template launch<Policy>(tree_round_agent<stored_type>{left.sums->view(), edge, checked ? left.key.get() : nullptr},
-                                              left.side, run);
+          left.chunks.template launch<Policy>(
+              tree_round_agent<T, stored_type>{left.operands(), edge, checked ? left.key.get() : nullptr}, left.side, run);
         if (timed) left.edge_end[r].record(left.side);
         left.partial_done.record(left.side);
         left.partial_ready = &left.partial_done;
@@ -255,23 +281,23 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
       const cuda_stream& stream = nodes_[0]->side;
       device_guard on(stream.device());
       right.partial_ready->make_wait(stream);
-      run_copies_async(right.operand_copies, stream);
+      right.copy_operand(stream);
     }
     return rounds;
   }
 
-  optimizer_apply<Optim, stored_type> apply_for(const typename Optim::template step_constants<stored_type>& constants) const {
-    return {root_targets_->view(), this->state_table(), root_replica_count_, this->state_slot_count(), constants, {}};
+  optimizer_apply<Optim, T, stored_type> apply_for(const typename Optim::template step_constants<T>& constants) const {
+    return {root_targets_->view(), this->state_table(), root_replica_count_, this->state_slot_count(), constants, this->master_table()};
   }
 
   // After the root's pass over `runs` on its side stream: the parameters go down the tree — the towers
   // the root wrote have them with the root's; every other tower pulls its parent's replica over the same
   // runs on its side stream, after its parent's.
-  void broadcast(const std::vector<std::vector<tree_edge<stored_type>>>& rounds, const std::vector<chunk_group>& runs) {
+  void broadcast(const std::vector<std::vector<tree_edge<T>>>& rounds, const std::vector<chunk_group>& runs) {
     nodes_[0]->parameters_done.record(nodes_[0]->side);
     nodes_[0]->parameters_ready = &nodes_[0]->parameters_done;
     for (auto r = rounds.rbegin(); r != rounds.rend(); ++r) {
-      for (const tree_edge<stored_type>& edge : *r) {
+      for (const tree_edge<T>& edge : *r) {
         const std::size_t child = static_cast<std::size_t>(edge.right), parent = static_cast<std::size_t>(edge.left);
         node& own = *nodes_[child];
         if (wiring_.written_by_root[child]) {
@@ -344,11 +370,18 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
     // run while the tower computes the next layers' gradients.
     cuda_stream side;
     cuda_event side_done;  // the end of the side stream's work of a step
-    std::unique_ptr<device_buffer> scratch;                // only without peer access to some tower
-    std::unique_ptr<device_pointer_table<stored_type>> sums;          // role = tower: partial sums as this tower reads them
+    // Only without peer access to some child: where its operands are copied (programs/copy_wiring.hpp
+    // tree_wiring). In full precision raw_scratch takes both kinds.
+    std::unique_ptr<device_buffer> raw_scratch;
+    std::unique_ptr<partial_buffer> partial_scratch;
+    std::unique_ptr<device_pointer_table<stored_type>> raw;  // role = tower: raw gradients as this tower reads them
+    std::unique_ptr<device_pointer_table<T>> sums;           // role = tower: partial sums as this tower reads and writes them
     std::unique_ptr<device_pointer_table<stored_type>> parent_replica, own_replica;  // only for towers that pull
-    copy_list<stored_type> operand_copies;  // this tower's partial into its parent's scratch, where the parent needs one
-    copy_list<stored_type> pull_copies;     // its parent's replica into its own, where it pulls through a copy
+    // This tower's operand into its parent's scratch, where the parent needs one: its raw gradient or its
+    // partial sum (one of the two lists is empty).
+    copy_list<stored_type> raw_operand_copies;
+    copy_list<T> partial_operand_copies;
+    copy_list<stored_type> pull_copies;  // its parent's replica into its own, where it pulls through a copy
     cuda_device_memory::owner<nonfinite_key> key;  // checked steps: the first non-finite raw operand it read
     cuda_pinned_memory::owner<nonfinite_key> host_key;
     cuda_event partial_done;
@@ -356,6 +389,17 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
     const cuda_event* parameters_ready = nullptr;  // this step: when this tower's new parameters are in
     const cuda_event* partial_ready = nullptr;     // this step: the last write to this tower's sums
     std::vector<cuda_event> edge_start, edge_end;  // per round where this tower is the left side
+
+    tree_operands<T, stored_type> operands() const { return {raw->const_view(), sums->view()}; }
+    const partial_buffer* partial_scratch_or_raw() const {
+      if constexpr (mixed) return partial_scratch.get();
+      else return raw_scratch.get();
+    }
+    // On `stream` (its parent's side stream): this tower's operand into the parent's scratch, where needed.
+    void copy_operand(const cuda_stream& stream) const {
+      run_copies_async(raw_operand_copies, stream);
+      run_copies_async(partial_operand_copies, stream);
+    }
   };
 
   // The broadcast's critical path: the longest chain of pulls from the root down the tree, each pull timed
@@ -373,10 +417,10 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
 
   // After a step, with a timeline: the root edge on row "reduce (GPU)", the other edges and the pulls of
   // the new parameters on the rows of the towers whose streams ran them.
-  void record_device_spans(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<stored_type>>>& rounds) const {
+  void record_device_spans(cuda_towers<Layout>& towers, const std::vector<std::vector<tree_edge<T>>>& rounds) const {
     towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + apply", "reduce (GPU)");
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
-      for (const tree_edge<stored_type>& edge : rounds[r]) {
+      for (const tree_edge<T>& edge : rounds[r]) {
         const std::size_t left = static_cast<std::size_t>(edge.left);
         towers.device_span(left, nodes_[left]->edge_start[r], nodes_[left]->edge_end[r],
                            make_message("tree edge: + tower ", edge.right), "tower ", left, " (GPU)");
@@ -395,6 +439,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
   std::unique_ptr<device_pointer_table<stored_type>> root_targets_;  // role 0: tower 0's replica, then those towers'
   int root_replica_count_ = 1;
   std::vector<std::unique_ptr<node>> nodes_;
+  std::vector<std::unique_ptr<partial_buffer>> own_partials_;  // mixed precision: the fp32 partial sums of the towers with children
   device_average<Layout> average_;  // checked steps, on tower 0's device
   chunks_by_variable chunk_runs_, tile_runs_;  // where a part's variables lie in the chunk table and the screen's tiles
   bool overlaps_;                              // buckets go during the towers (overlaps_buckets)
