@@ -118,8 +118,9 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const double parameters = static_cast<double>(variables.total_size());
   const int slots = Optim::state_slots(h);
   constexpr bool mixed = !std::is_same<typename Layout::value_type, float>::value;  // always a checked step
+  constexpr double stored_bytes = sizeof(typename Layout::value_type);              // a gradient or replica element
   const double device_bytes =
-      parameters * (mixed ? towerpipe_bench::mixed_bytes_per_parameter(towers, slots, sizeof(typename Layout::value_type), towers)
+      parameters * (mixed ? towerpipe_bench::mixed_bytes_per_parameter(towers, slots, stored_bytes, towers)
                           : towerpipe_bench::bytes_per_parameter(towers, slots, towers - 1) +
                                 (checked ? towerpipe_bench::screen_bytes : 0));
   const std::size_t instances =
@@ -171,9 +172,13 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   double floor_seconds = device_bytes / f.device_copy;
   const double devices_used = static_cast<double>(std::min<std::size_t>(towers, static_cast<std::size_t>(f.devices)));
   if (host_backend) {
-    const double down = 4.0 * static_cast<double>(towers) * parameters / f.d2h;
-    const double up = 4.0 * devices_used * parameters / f.h2d;
-    const double cpu = parameters * towerpipe_bench::bytes_per_parameter(towers, slots, 0) / f.cpu;
+    const double down = stored_bytes * static_cast<double>(towers) * parameters / f.d2h;
+    const double up = stored_bytes * devices_used * parameters / f.h2d;
+    // The CPU's pass: with 16-bit towers it also writes the rounded copy that goes up.
+    const double cpu = parameters *
+                       (mixed ? towerpipe_bench::mixed_bytes_per_parameter(towers, slots, stored_bytes, 1)
+                              : towerpipe_bench::bytes_per_parameter(towers, slots, 0)) /
+                       f.cpu;
     floor_seconds = std::max({down, up, cpu});
   }
   const double ms = median(seconds) * 1e3, floor_ms = floor_seconds * 1e3, wall_ms = median(wall_seconds) * 1e3;
@@ -182,7 +187,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
               Layout::name, towers, parameters, ms, wall_ms, floor_ms, ms / floor_ms);
   std::fflush(stdout);
   out.rows.push_back(json_rows::measurement(backend, "cuda", model, Optim::name, Layout::name, towers, variables,
-                                            host_backend ? 4.0 * (static_cast<double>(towers) + devices_used) * parameters
+                                            host_backend ? stored_bytes * (static_cast<double>(towers) + devices_used) * parameters
                                                          : device_bytes,
                                             ms, floor_ms)
                          .set("instances_rotated", static_cast<double>(instances))
@@ -347,8 +352,11 @@ int main(int argc, char** argv) try {
     const variable_set variables = towerpipe_bench::read_shapes(o.shapes_dir + "/" + model + ".shapes");
     measure_optimizers<reduce::device0, layout::flat<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::device0, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
-    for (std::size_t towers : o.towers)  // mixed precision: bf16 towers, fp32 master and state
+    for (std::size_t towers : o.towers) {  // mixed precision: bf16 towers, fp32 master and state, on every backend
       measure<reduce::device0, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
+      measure<reduce::p2p_tree, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
+      measure<reduce::host, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
+    }
     measure_optimizers<reduce::p2p_tree, layout::flat<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::p2p_tree, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::sharded, layout::flat<float>>(model, variables, o, f, out, o.quick);

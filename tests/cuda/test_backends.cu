@@ -478,6 +478,19 @@ TEST_CASE("device0 with bf16 and fp16 towers equals the host's mixed-precision p
   check_mixed_for_tower_counts<reduce::device0>(700);
 }
 
+// p2p_tree's fp32 partial sums beside the 16-bit gradients, in place and copied raw or as partials.
+TEST_CASE("p2p_tree with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
+  check_mixed_for_tower_counts<reduce::p2p_tree>(740);
+  pipeline_options copied;
+  copied.direct_device_access = false;
+  check_mixed_for_tower_counts<reduce::p2p_tree>(760, copied);
+}
+
+// 16-bit downloads and uploads, the fp32 master on the host.
+TEST_CASE("reduce::host with bf16 and fp16 GPU towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
+  check_mixed_for_tower_counts<reduce::host>(780);
+}
+
 namespace {
 using small_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, layout::flat<float>>;
 const variable_set small_variables{{"w", {16}}};

@@ -22,6 +22,11 @@
 // the same pipeline of transfer groups, and finishes the step. A bucket's host pass runs on a thread
 // pool of the reducer's own: GPU tower functions only enqueue, so the towers' pool is mostly idle while
 // their devices compute, but the main thread holds it until every tower function has returned.
+//
+// Mixed precision (bf16 or fp16 towers; every such step is a checked one): the 16-bit gradients come
+// down and the pass widens them (reduce/host.hpp); the master, the state and the average are fp32 in
+// host memory, and the pass writes the new parameters rounded to nearest even into a pinned 16-bit
+// buffer, which goes up: both directions move 2 bytes a parameter.
 
 #include <cuda_runtime.h>
 
@@ -51,13 +56,13 @@ struct host_transfer_policy {
 
 template <class Optim, class Layout, class Policy = host_transfer_policy>
 class cuda_host_reducer {
-  static_assert(std::is_floating_point<typename Layout::value_type>::value,
-                "towerpipe: reduce::host with GPU towers does not take mixed precision (bf16/fp16 layouts) yet; "
-                "use reduce::device0");
-
  public:
-  using T = typename Layout::value_type;
+  using stored_type = typename Layout::value_type;  // what moves: the towers' gradients and parameters
+  using T = master_type_t<stored_type>;             // the master, the state, the average
+  static constexpr bool mixed = !std::is_same<stored_type, T>::value;
   using pinned_buffer = typename Layout::template buffer<cuda_pinned_memory>;
+  // The master: the pinned buffer that goes up in full precision, host memory of its own with mixed.
+  using master_buffer = std::conditional_t<mixed, typename Layout::template buffer<host_memory, T>, pinned_buffer>;
   using hyper_parameters = typename Optim::hyper_parameters;
 
   cuda_host_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
@@ -65,6 +70,7 @@ class cuda_host_reducer {
       : bucket_pool_(host_thread_count(options)),
         pass_(variables, h),
         master_(variables),
+        rounded_(variables_if(mixed, variables)),
         groups_(group_chunks(pass_.chunks(), Policy::group_elements)),
         by_variable_(pass_.chunks(), variables.count()) {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
@@ -81,6 +87,8 @@ class cuda_host_reducer {
   void parameter_set(std::size_t index, const T* values) {
     std::copy(values, values + master_.view(index).size(), master_.data(index));
   }
+  // Mixed precision: the fp32 master.
+  tensor_view<const T> master_on_host(std::size_t index) const { return master_.view(index); }
 
   void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights,
                          const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
@@ -126,9 +134,11 @@ class cuda_host_reducer {
     const nvtx_range range("towerpipe reduce::host apply");
     const double screened = stages.reduce;
     const auto start = std::chrono::steady_clock::now();
+    const std::vector<const buffer*> average{&pass_.averaged()};
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      pass_.run(towers.pool(), pass_.chunk_range(groups_[g].first, groups_[g].last), std::vector<const buffer*>{&pass_.averaged()}, master_,
-                std::vector<T>{scale}, constants);
+      const std::vector<std::size_t> chunks = pass_.chunk_range(groups_[g].first, groups_[g].last);
+      if constexpr (mixed) pass_.run(towers.pool(), chunks, average, master_, std::vector<T>{scale}, constants, &rounded_);
+      else pass_.run(towers.pool(), chunks, average, master_, std::vector<T>{scale}, constants);
       upload_group(towers, groups_[g]);
     }
     finish_uploads(towers, start, stages);
@@ -136,7 +146,7 @@ class cuda_host_reducer {
   }
 
  private:
-  using buffer = typename Layout::template buffer<host_memory>;
+  using buffer = typename Layout::template buffer<host_memory, T>;
 
   // The fused pass over `groups`: each comes down, is averaged and applied on `runner`, goes up. bucket:
   // the gradient bucket they hold, whose events the downloads wait for, or no_bucket: what the towers
@@ -145,16 +155,20 @@ class cuda_host_reducer {
   void average_and_apply_groups(cuda_towers<Layout>& towers, const std::vector<chunk_group>& groups, std::size_t bucket,
                                 Runner& runner, const std::vector<T>& weights,
                                 const typename Optim::template step_constants<T>& constants, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::host");
-    const auto start = std::chrono::steady_clock::now();
-    download_gradients(towers, groups, bucket);
-    const std::vector<const pinned_buffer*> gradients = tower_gradients();
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      wait_for_group(g);
-      pass_.run(runner, pass_.chunk_range(groups[g].first, groups[g].last), gradients, master_, weights, constants);
-      upload_group(towers, groups[g]);
+    if constexpr (mixed) {
+      fail("reduce::host: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
+    } else {
+      const nvtx_range range("towerpipe reduce::host");
+      const auto start = std::chrono::steady_clock::now();
+      download_gradients(towers, groups, bucket);
+      const std::vector<const pinned_buffer*> gradients = tower_gradients();
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        wait_for_group(g);
+        pass_.run(runner, pass_.chunk_range(groups[g].first, groups[g].last), gradients, master_, weights, constants);
+        upload_group(towers, groups[g]);
+      }
+      if (bucket == no_bucket) finish_uploads(towers, start, stages);
     }
-    if (bucket == no_bucket) finish_uploads(towers, start, stages);
   }
   template <class Runner>
   void screen_groups(cuda_towers<Layout>& towers, const std::vector<chunk_group>& groups, std::size_t bucket, Runner& runner,
@@ -210,13 +224,14 @@ class cuda_host_reducer {
   void wait_for_group(std::size_t g) const {
     for (const auto& own : links_) own->down_done[g].synchronize();
   }
-  // Group g of the master up into each device's first replica, then on the device into its other ones,
-  // all on the first tower's up stream.
+  // Group g of the new parameters (the master, or with mixed precision its rounded copy) up into each
+  // device's first replica, then on the device into its other ones, all on the first tower's up stream.
   void upload_group(cuda_towers<Layout>& towers, const chunk_group& group) {
+    const pinned_buffer& parameters = uploaded();
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       const std::size_t leader = upload_leader_[t];
       device_guard on(towers.device(t));
-      if (leader == t) copy_group(towers.replica(t), master_, group, links_[t]->up);
+      if (leader == t) copy_group(towers.replica(t), parameters, group, links_[t]->up);
       else copy_group(towers.replica(t), towers.replica(leader), group, links_[leader]->up);
     }
   }
@@ -250,17 +265,22 @@ class cuda_host_reducer {
     cuda_event up_done;
   };
 
+  const pinned_buffer& uploaded() const {
+    if constexpr (mixed) return rounded_;
+    else return master_;
+  }
+
   // Copies a group's elements of every variable it touches (either direction, or device to device):
   // in layout::flat one range, otherwise one batch of ranges.
   template <class Target, class Source>
   void copy_group(Target& target, const Source& source, const chunk_group& group, const cuda_stream& stream) const {
     const std::vector<element_range> ranges = group_ranges(pass_.chunks(), group);
     if constexpr (has_arena<Target>::value) {
-      const T* begin = source.data(ranges.front().variable) + ranges.front().begin;
-      const T* end = source.data(ranges.back().variable) + ranges.back().end;
-      T* to = target.data(ranges.front().variable) + ranges.front().begin;
-      TOWERPIPE_CUDA_CHECK(
-          cudaMemcpyAsync(to, begin, static_cast<std::size_t>(end - begin) * sizeof(T), cudaMemcpyDefault, stream.get()));
+      const stored_type* begin = source.data(ranges.front().variable) + ranges.front().begin;
+      const stored_type* end = source.data(ranges.back().variable) + ranges.back().end;
+      stored_type* to = target.data(ranges.front().variable) + ranges.front().begin;
+      TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(to, begin, static_cast<std::size_t>(end - begin) * sizeof(stored_type), cudaMemcpyDefault,
+                                           stream.get()));
     } else {
       std::vector<void*> to;
       std::vector<const void*> from;
@@ -268,7 +288,7 @@ class cuda_host_reducer {
       for (const element_range& r : ranges) {
         to.push_back(target.data(r.variable) + r.begin);
         from.push_back(source.data(r.variable) + r.begin);
-        bytes.push_back((r.end - r.begin) * sizeof(T));
+        bytes.push_back((r.end - r.begin) * sizeof(stored_type));
       }
       cudaMemcpyAttributes in_stream_order{};
       in_stream_order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -280,7 +300,8 @@ class cuda_host_reducer {
 
   thread_pool bucket_pool_;  // the host passes of buckets that go during the towers
   host_optimizer_pass<Optim, Layout> pass_;
-  pinned_buffer master_;
+  master_buffer master_;
+  pinned_buffer rounded_;  // mixed precision: the new parameters rounded, for the uploads (else empty)
   std::vector<chunk_group> groups_;   // the whole step's transfer groups
   chunks_by_variable by_variable_;    // a part's chunks
   std::vector<std::unique_ptr<link>> links_;
