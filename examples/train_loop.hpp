@@ -265,7 +265,13 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   if (std::is_same_v<Exec, exec::host>) {  // the host towers' GEMMs
     std::printf("blas: %s\n", towerpipe_examples::gemm_backend().c_str());
     const std::string better = towerpipe_examples::better_openblas_core();
-    if (!better.empty())
+    // run.sh chooses the kernel only where the environment names none: say which case this is.
+    const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+    if (!better.empty() && chosen != nullptr)
+      std::printf("blas: this kernel's vectors are narrower than this CPU's: OPENBLAS_CORETYPE=%s runs faster; the "
+                  "environment sets OPENBLAS_CORETYPE=%s, which examples/run.sh keeps\n",
+                  better.c_str(), chosen);
+    else if (!better.empty())
       std::printf("blas: this kernel's vectors are narrower than this CPU's: OPENBLAS_CORETYPE=%s runs faster "
                   "(examples/run.sh sets it)\n",
                   better.c_str());
