@@ -404,14 +404,18 @@ namespace {
 
 // Mixed precision on GPU towers (any backend) against the host's mixed pipeline: the fp32 master
 // bitwise, every replica's 16-bit patterns equal to the host towers' rounded copy.
+// mark_buckets: one gradient bucket a variable, marked ready in reverse order while the tower's stream
+// is kept busy between marks; with direct access every backend takes every bucket during the towers.
 template <class Reduce, class Half, class Layout>
-void check_mixed_on_gpu(std::size_t towers, std::uint64_t salt, const pipeline_options& gpu_options = {}) {
+void check_mixed_on_gpu(std::size_t towers, std::uint64_t salt, const pipeline_options& gpu_options = {}, bool mark_buckets = false) {
   random_source random(salt);
-  INFO(Reduce::name << " mixed " << Layout::name << ", " << towers << " towers, seed " << random.seed());
+  INFO(Reduce::name << " mixed " << Layout::name << ", " << towers << " towers, buckets " << mark_buckets << ", seed "
+                    << random.seed());
   using host_trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<Half>>;
   using gpu_trainer = pipeline<exec::cuda, Reduce, optim::adam, Layout>;
   pipeline_options options = gpu_options;
   options.max_grad_norm = 1.0;
+  if (mark_buckets) options.buckets.cap_bytes = 1;
   optim::adam::hyper_parameters h;
   h.lr = 0.01;
   pipeline_options host_options;
@@ -441,15 +445,19 @@ void check_mixed_on_gpu(std::size_t towers, std::uint64_t salt, const pipeline_o
         tower.write_gradient(v, g[tower.tower()][v].data(), g[tower.tower()][v].size());
       return 0.0;
     });
-    p.step(b, [&](typename gpu_trainer::tower_context& tower) {
-      for (std::size_t v = 0; v < test_variables.count(); ++v) {
+    const step_stats stats = p.step(b, [&](typename gpu_trainer::tower_context& tower) {
+      for (std::size_t v = test_variables.count(); v-- > 0;) {
         const auto& values = g[tower.tower()][v];
         TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.gradient(v).data(), values.data(), values.size() * sizeof(Half),
                                              cudaMemcpyHostToDevice, tower.stream()));
+        if (!mark_buckets) continue;
+        tower.gradient_ready(v);
+        spin_for<<<1, 1, 0, tower.stream()>>>(200000);
       }
       TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
       return 0.0;
     });
+    if (mark_buckets && options.direct_device_access) CHECK(stats.buckets_during_towers == stats.buckets);
   }
   for (std::size_t v = 0; v < test_variables.count(); ++v) {
     CHECK(first_bitwise_difference(p.parameter(v), reference.parameter(v)) == -1);
@@ -465,10 +473,10 @@ void check_mixed_on_gpu(std::size_t towers, std::uint64_t salt, const pipeline_o
 
 // Each backend with bf16 (flat) and fp16 (per_variable) towers, 1..8 towers.
 template <class Reduce>
-void check_mixed_for_tower_counts(std::uint64_t salt, const pipeline_options& options = {}) {
+void check_mixed_for_tower_counts(std::uint64_t salt, const pipeline_options& options = {}, bool mark_buckets = false) {
   for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
-    check_mixed_on_gpu<Reduce, bfloat16, layout::flat<bfloat16>>(towers, salt + towers, options);
-    check_mixed_on_gpu<Reduce, float16, layout::per_variable<float16>>(towers, salt + 20 + towers, options);
+    check_mixed_on_gpu<Reduce, bfloat16, layout::flat<bfloat16>>(towers, salt + towers, options, mark_buckets);
+    check_mixed_on_gpu<Reduce, float16, layout::per_variable<float16>>(towers, salt + 20 + towers, options, mark_buckets);
   }
 }
 
@@ -489,6 +497,13 @@ TEST_CASE("p2p_tree with bf16 and fp16 towers equals the host's mixed-precision 
 // 16-bit downloads and uploads, the fp32 master on the host.
 TEST_CASE("reduce::host with bf16 and fp16 GPU towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
   check_mixed_for_tower_counts<reduce::host>(780);
+}
+
+TEST_CASE("16-bit towers' gradient buckets taken during the towers change no bit on any GPU backend",
+          "[gpu][backends][overlap]") {
+  check_mixed_for_tower_counts<reduce::device0>(800, {}, true);
+  check_mixed_for_tower_counts<reduce::p2p_tree>(820, {}, true);
+  check_mixed_for_tower_counts<reduce::host>(840, {}, true);
 }
 
 namespace {

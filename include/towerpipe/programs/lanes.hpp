@@ -9,6 +9,9 @@
 // its store (CCCL 3.0 cub/block/block_store.cuh) writes through the vector type regardless, which
 // faults. Plain C++ where not compiled by nvcc.
 
+#include <cstring>
+#include <type_traits>
+
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/half_types.hpp"
@@ -52,10 +55,25 @@ TOWERPIPE_HOST_DEVICE lanes<T, W> load_lanes(const T* p) {
   return result;
 }
 
+#if defined(__CUDACC__)
+// A group of W 16-bit values as one word: CUB's vectorised store has no vector type for bf16 and fp16
+// (its generic vector of four is 2-byte aligned, so it writes them one by one). Aligned for the whole
+// group like every vector here.
+template <unsigned W>
+struct half_group_word {
+  using type = std::conditional_t<W == 4, uint2, unsigned int>;
+};
+#endif
+
 template <unsigned W, class T>
 TOWERPIPE_HOST_DEVICE void store_lanes(T* p, lanes<T, W> v) {
 #if defined(__CUDACC__)
-  if constexpr (W > 1) {
+  if constexpr (W > 1 && sizeof(T) == 2) {
+    using word = typename half_group_word<W>::type;
+    static_assert(sizeof(word) == W * sizeof(T), "towerpipe: a 16-bit group is one word");
+    NV_IF_TARGET(NV_IS_DEVICE, (word w; memcpy(&w, v.value, sizeof w); *reinterpret_cast<word*>(p) = w;),
+                 (copy_elements<W>(p, v.value);))
+  } else if constexpr (W > 1) {
     NV_IF_TARGET(NV_IS_DEVICE, (cub::StoreDirectBlockedVectorized(0, p, v.value);), (copy_elements<W>(p, v.value);))
   } else {
     copy_elements<W>(p, v.value);

@@ -83,9 +83,9 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout>,
         average_(variables, towers.device(0)),
         chunk_runs_(make_chunk_table(variables, Policy::chunk_elements), variables.count()),
         tile_runs_(average_.screen.tiles(), variables.count()),
-        // The poison check reads a tower's whole gradients after it returns, where the edges of its
-        // marked buckets may have written partial sums already.
-        overlaps_(!options.poison_gradients) {
+        // The poison check reads a tower's whole gradients after it returns, where in full precision the
+        // edges of its marked buckets may have written partial sums already (16-bit towers keep theirs apart).
+        overlaps_(mixed || !options.poison_gradients) {
     check_device_tower_count("reduce::p2p_tree", towers.towers());
     const std::size_t n = towers.towers();
     const std::size_t count = variables.count();

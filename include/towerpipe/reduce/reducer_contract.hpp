@@ -21,6 +21,8 @@
 //   void set_state(slot, variable, const T* values)     between steps
 // Required with 16-bit towers (mixed precision: T is the master type, the towers hold 16-bit values):
 //   tensor_view<const T> master_on_host(variable)      the master parameters, between steps
+//   void parameter_set(variable, const T* values)       told after the towers' parameters were set: the
+//                                                       master follows them (else it stays zero)
 // Optional:
 //   reducer(variables, hyper_parameters, towers&, const pipeline_options&)   a constructor that reads the options
 //   reducer(variables, hyper_parameters, towers&, const pipeline_options&, const processes&)
@@ -28,8 +30,8 @@
 //                                                       (reduce::sharded): the pipeline owns the processes
 //                                                       (step/processes.hpp), agrees with the others through
 //                                                       them every step, and lends them for the exchange
-//   void parameter_set(variable, const T* values)       told after the towers' parameters were set, for
-//                                                       reducers that keep a master copy of their own
+//   void parameter_set(variable, const T* values)       without 16-bit towers: for reducers that keep a
+//                                                       master copy of their own (across processes)
 //   std::vector<std::size_t> state_bytes_per_tower(towers) const   for reducers that spread the optimizer
 //                                                       state over the towers' devices (reduce::sharded)
 //   bool overlaps_buckets() const, screen_partials begin_screen(),
@@ -156,6 +158,9 @@ template <class Reducer, class Towers, class Optim, class T, bool MixedPrecision
 constexpr bool check_reducer_contract() {
   static_assert(!MixedPrecision || reducer_has_master_on_host<Reducer>::value,
                 "towerpipe: the reduction backend takes 16-bit towers but lacks 'master_on_host(variable)'");
+  static_assert(!MixedPrecision || reducer_has_parameter_set<Reducer>::value,
+                "towerpipe: the reduction backend takes 16-bit towers but lacks 'parameter_set(variable, values)', "
+                "so its fp32 master would never follow set_parameter");
   static_assert(reducer_has_average_and_apply<Reducer, Towers, Optim, T>::value,
                 "towerpipe: the reduction backend lacks 'average_and_apply(towers, weights, constants, stages)'");
   static_assert(reducer_has_checked_passes<Reducer, Towers, Optim, T>::value,
