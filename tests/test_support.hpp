@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace towerpipe_tests {
@@ -57,6 +58,12 @@ inline std::uint32_t bits_of(float value) {
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof bits);
   return bits;
+}
+
+// The bits of a 16-bit stored type (bfloat16, float16: a member `bits`).
+template <class Half, class = decltype(std::declval<const Half&>().bits)>
+std::uint16_t bits_of(const Half& value) {
+  return value.bits;
 }
 
 // Index of the first element whose bits differ, or -1 when the ranges are bitwise equal.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,10 +25,11 @@ namespace towerpipe_tests {
 using namespace towerpipe;
 using namespace towerpipe::detail;
 
-// A quiet NaN of T (float, double, or a 16-bit type: core/half_types.hpp).
+// A quiet NaN of T: float, double, or a 16-bit stored type (bfloat16, float16: rounded from float's).
 template <class T>
 T quiet_nan() {
-  return narrow<T>(std::numeric_limits<float>::quiet_NaN());
+  if constexpr (std::is_floating_point<T>::value) return std::numeric_limits<T>::quiet_NaN();
+  else return narrow<T>(std::numeric_limits<float>::quiet_NaN());
 }
 
 // Host memory that starts as NaN: the reducers' copies are allocated from it, so that a pass reading a
@@ -64,6 +66,7 @@ template <class Optim, class Layout>
 class emulated_towers {
  public:
   using stored_type = typename Layout::value_type;
+  using master_type = master_type_t<stored_type>;
   using device_buffer = typename Layout::template buffer<host_memory>;
   using copy_buffer = typename Layout::template buffer<nan_filled_memory>;
   using float_buffer = typename Layout::template buffer<host_memory, float>;
@@ -117,6 +120,37 @@ class emulated_towers {
   std::vector<float*> state_pointers_;
 };
 
+// The towers' weights for `examples` split over `towers` (split_policy::weighted, as the pipeline's).
+inline std::vector<float> tower_weights(std::size_t examples, std::size_t towers) {
+  std::vector<float> weights;
+  for (const shard& s : plan_split(examples, towers, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
+  return weights;
+}
+
+// Tower t's replica of variable v set to `values`, rounded to the towers' type (as set_parameter does).
+template <class Towers>
+void set_replica(Towers& towers, std::size_t t, std::size_t v, const std::vector<float>& values) {
+  using stored_type = typename Towers::stored_type;
+  std::transform(values.begin(), values.end(), towers.replica(t).data(v), [](float x) { return narrow<stored_type>(x); });
+}
+
+// The pipeline's set_parameter as a reducer hears it (parameter_set) where an owner keeps a master slice
+// (programs/owner_wiring.hpp slice_owner: across processes, or with mixed precision): the owner's part of
+// variable v's values; and that part back into `whole` (the reducer's master_on_host).
+template <class Owner>
+void set_master_slice(Owner& owner, std::size_t v, const std::vector<float>& values) {
+  owner.slice().for_each_stored_range_of(v, [&](const element_range& r, std::size_t offset) {
+    std::copy(values.begin() + static_cast<std::ptrdiff_t>(r.begin), values.begin() + static_cast<std::ptrdiff_t>(r.end),
+              owner.master_storage() + offset);
+  });
+}
+template <class Owner>
+void master_slice_into(const Owner& owner, std::size_t v, std::vector<float>& whole) {
+  owner.slice().for_each_stored_range_of(v, [&](const element_range& r, std::size_t offset) {
+    std::copy_n(owner.master_storage() + offset, r.end - r.begin, whole.begin() + static_cast<std::ptrdiff_t>(r.begin));
+  });
+}
+
 // A pointer table over entries the wiring built ([role][variable]), as the kernels get it uploaded.
 template <class T>
 pointer_table<T> table(const std::vector<T*>& pointers, int variables) {
@@ -153,12 +187,16 @@ void for_each_optimizer(std::uint64_t salt, Check&& check) {
   check(type_tag<optim::adamw>{}, optim::adamw::hyper_parameters{}, salt + 2);
 }
 
-// One step's random gradients: [tower][variable].
-inline std::vector<std::vector<std::vector<float>>> draw_gradients(random_source& random, const variable_set& variables,
-                                                                   std::size_t towers) {
-  std::vector<std::vector<std::vector<float>>> grads(towers);
+// One step's random gradients: [tower][variable], of type G (16-bit: rounded from the same draws).
+template <class G = float>
+std::vector<std::vector<std::vector<G>>> draw_gradients(random_source& random, const variable_set& variables, std::size_t towers) {
+  std::vector<std::vector<std::vector<G>>> grads(towers);
   for (auto& tower : grads) {
-    for (const variable& v : variables) tower.push_back(random.wide(v.size));
+    for (const variable& v : variables) {
+      std::vector<G> values;
+      for (float value : random.wide(v.size)) values.push_back(narrow<G>(value));
+      tower.push_back(values);
+    }
   }
   return grads;
 }
@@ -174,16 +212,16 @@ inline void check_same_nonfinite(const screen_partials& partials, const step_sta
 
 // One step of the host reference on `grads` ([tower][variable]); step_and_load: and the same gradients
 // into the emulated towers' buffers.
-template <class Trainer>
-step_stats reference_step(Trainer& reference, const batch& b, const std::vector<std::vector<std::vector<float>>>& grads) {
+template <class Trainer, class G>
+step_stats reference_step(Trainer& reference, const batch& b, const std::vector<std::vector<std::vector<G>>>& grads) {
   return reference.step(b, [&](typename Trainer::tower_context& tower) {
     for (std::size_t v = 0; v < grads[tower.tower()].size(); ++v)
       tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
     return 0.0;
   });
 }
-template <class Trainer, class Towers>
-step_stats step_and_load(Trainer& reference, Towers& towers, const batch& b, const std::vector<std::vector<std::vector<float>>>& grads) {
+template <class Trainer, class Towers, class G>
+step_stats step_and_load(Trainer& reference, Towers& towers, const batch& b, const std::vector<std::vector<std::vector<G>>>& grads) {
   const step_stats stats = reference_step(reference, b, grads);
   for (std::size_t t = 0; t < grads.size(); ++t) {
     for (std::size_t v = 0; v < grads[t].size(); ++v) std::copy(grads[t][v].begin(), grads[t][v].end(), towers.gradients(t).data(v));

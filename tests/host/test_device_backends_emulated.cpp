@@ -174,7 +174,7 @@ class emulated_p2p_tree {
   step_parts parts;
   part_hook before_part;
   // Mixed precision: the master the root's optimizer reads and writes.
-  void set_master(std::size_t v, const std::vector<float>& values) { std::copy(values.begin(), values.end(), master_.data(v)); }
+  void parameter_set(std::size_t v, const std::vector<float>& values) { std::copy(values.begin(), values.end(), master_.data(v)); }
   tensor_view<const float> master(std::size_t v) const { return master_.view(v); }
 
   // Each part's rounds, root edge and pulls over the part's chunks only.
@@ -277,10 +277,15 @@ class emulated_p2p_tree {
 
 // reduce::sharded for GPU towers in one process (reduce/sharded/gpu_towers.cuh): owner k holds slice k
 // and only that slice's state and checked average (slice_owner); it reads and writes the towers it
-// reaches in place and the others through compact copies of its slice (slice_copies).
+// reaches in place and the others through compact copies of its slice (slice_copies). With 16-bit towers
+// (mixed precision: checked steps only) each owner also keeps its fp32 master slice, and the towers'
+// buffers and the copies hold 16-bit values.
 template <class Optim, class Layout>
 class emulated_sharded {
  public:
+  using stored_type = typename Layout::value_type;
+  static constexpr bool mixed = !std::is_same<stored_type, float>::value;
+
   emulated_sharded(towers_of<Optim, Layout>& towers, const typename Optim::hyper_parameters& h, bool checked)
       : parts{every_variable(towers.variables().count())}, towers_(towers) {
     std::vector<owner_slice> slices = cut_into_slices(towers.chunks(), towers.towers());
@@ -288,11 +293,22 @@ class emulated_sharded {
       if (slices[k].empty()) continue;
       owners_.push_back(std::make_unique<owner>(
           owner{slice_owner<float, host_memory>(std::move(slices[k]), towers.chunks(), towers.variables().count(), Optim::state_slots(h),
-                                                owner_keeps{checked, false}, host_memory{}),
+                                                owner_keeps{checked || mixed, mixed}, host_memory{}),
                 nullptr}));
-      owners_.back()->copies = std::make_unique<slice_copies<float, nan_filled_memory>>(owners_.back()->parts.slice(), towers, k,
-                                                                                       nan_filled_memory{});
+      owners_.back()->copies = std::make_unique<slice_copies<stored_type, nan_filled_memory>>(owners_.back()->parts.slice(), towers, k,
+                                                                                             nan_filled_memory{});
     }
+  }
+
+  // Mixed precision: every owner's part of the master (parameter_set), and the owners' parts of it
+  // gathered (master_on_host).
+  void parameter_set(std::size_t v, const std::vector<float>& values) {
+    for (auto& o : owners_) set_master_slice(o->parts, v, values);
+  }
+  std::vector<float> master(std::size_t v) const {
+    std::vector<float> whole(towers_.variables()[v].size, std::nanf(""));
+    for (const auto& o : owners_) master_slice_into(o->parts, v, whole);
+    return whole;
   }
 
   step_parts parts;
@@ -318,7 +334,7 @@ class emulated_sharded {
     for (auto& o : owners_) {
       run_copies_on_host(o->copies->gradients_in());
       const pointer_table<float> averaged = table(o->parts.average(), count());
-      accumulating_source<tower_average_source<float, 0, weight_array<float>>, float> source{
+      accumulating_source<tower_average_source<float, 0, weight_array<float>, stored_type>, float> source{
           {const_table(o->copies->gradients(), count()), static_cast<int>(towers_.towers()), {}}, averaged, {}};
       std::copy(weights.begin(), weights.end(), source.inner.weights.value);
       screen_tiles(source, averaged, make_chunk_table(o->parts.slice().ranges, screen_tile_elements), partials);
@@ -327,8 +343,8 @@ class emulated_sharded {
   }
   void apply_averaged(float scale, const constants_of<Optim>& c) {
     for (auto& o : owners_) {
-      run_copies_on_host(o->copies->master_in());
-      run_agent_on_host(fused_apply_agent<Optim, float, 1>{const_table(o->parts.average(), count()), 1, {scale}, apply(*o, c)},
+      if (!mixed) run_copies_on_host(o->copies->master_in());  // mixed: the owner's master slice is its own
+      run_agent_on_host(fused_apply_agent<Optim, float, 1, stored_type>{const_table(o->parts.average(), count()), 1, {scale}, apply(*o, c)},
                         o->parts.chunks());
       run_copies_on_host(o->copies->replicas_out());
     }
@@ -337,13 +353,14 @@ class emulated_sharded {
  private:
   struct owner {
     slice_owner<float, host_memory> parts;
-    std::unique_ptr<slice_copies<float, nan_filled_memory>> copies;
+    std::unique_ptr<slice_copies<stored_type, nan_filled_memory>> copies;
   };
   int count() const { return towers_.count(); }
-  // The owner's optimizer: its slice of the state; it reads the master (role 0) and writes every role.
-  optimizer_apply<Optim, float> apply(const owner& o, const constants_of<Optim>& c) {
+  // The owner's optimizer: its slice of the state; it reads the master (role 0, or with mixed precision
+  // its master slice) and writes every role (rounded, with mixed precision).
+  optimizer_apply<Optim, float, stored_type> apply(const owner& o, const constants_of<Optim>& c) {
     return {table(o.copies->replicas(), count()), table(o.parts.state(), count()), static_cast<int>(towers_.towers()), o.parts.slots(),
-            c, {}};
+            c, mixed ? table(o.parts.master(), count()) : pointer_table<float>{}};
   }
 
   towers_of<Optim, Layout>& towers_;
@@ -429,6 +446,32 @@ void check_emulated_backend(backend kind, topology links, const typename Optim::
   }
 }
 
+// One checked step of an emulated reducer (screen_average, then apply_averaged) beside the host
+// reference's, on fresh gradients of type G with a NaN every third step: a skipped step's first non-finite
+// is the host's; else the norm is, and the apply runs with the clip (which the step exercises), the
+// replicas but the root's poisoned before it. Returns whether the step was applied (`done` counts them).
+template <class G, class Optim, class Trainer, class Towers, class Reducer>
+bool emulated_checked_step(Trainer& reference, Towers& towers, Reducer& reducer, random_source& random, const batch& b,
+                           const std::vector<float>& weights, int step, double max_norm, const typename Optim::hyper_parameters& h,
+                           std::int64_t& done) {
+  const std::size_t n = towers.towers();
+  auto grads = draw_gradients<G>(random, towers.variables(), n);
+  if (step % 3 == 0) grads[(n - 1) / 2][3][static_cast<std::size_t>(step) * 611] = quiet_nan<G>();
+  const step_stats stats = step_and_load(reference, towers, b, grads);
+  const screen_partials partials = reducer.screen_average(weights);
+  if (stats.skipped) {
+    check_same_nonfinite(partials, stats);
+    return false;
+  }
+  ++done;
+  REQUIRE(partials.first_nonfinite == no_nonfinite);
+  CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
+  CHECK(stats.clip_coefficient < 1.0);  // the clip is exercised
+  towers.poison_replicas();
+  reducer.apply_averaged(clip_coefficient(partials, max_norm), Optim::template constants<float>(h, done));
+  return true;
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("emulated device backends, wired as on the GPU (direct or copied), equal the host pipeline bitwise for "
@@ -489,19 +532,9 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
         with_backend(kind, towers, h, true, [&](auto& reducer) {
           for (int step = 1; step <= 6; ++step) {
             INFO("step " << step);
-            auto grads = draw_gradients(random, variables, n);
-            if (step % 3 == 0) grads[(n - 1) / 2][3][static_cast<std::size_t>(step) * 611] = std::nanf("");
-            const step_stats stats = step_and_load(reference, towers, b, grads);
-            const screen_partials partials = reducer.screen_average(weights);
-            if (stats.skipped) {
-              check_same_nonfinite(partials, stats);
+            if (!emulated_checked_step<float, optim::adam>(reference, towers, reducer, random, b, weights, step, options.max_grad_norm, h,
+                                                           done))
               continue;
-            }
-            ++done;
-            REQUIRE(partials.first_nonfinite == no_nonfinite);
-            CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
-            CHECK(stats.clip_coefficient < 1.0);  // the clip is exercised
-            reducer.apply_averaged(clip_coefficient(partials, options.max_grad_norm), optim::adam::constants<float>(h, done));
             for (std::size_t t = 0; t < n; ++t) {
               for (std::size_t v = 0; v < variables.count(); ++v)
                 REQUIRE(first_bitwise_difference(towers.replica(t).view(v), reference.parameter(v)) == -1);
@@ -513,81 +546,79 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
   }
 }
 
-// 16-bit towers through the p2p tree (reduce/p2p_tree.cuh with a bf16 or fp16 layout; mixed steps are
-// always checked ones): raw 16-bit operands widened, float partial sums of the towers with children,
-// copied raw or as partial sums where a parent does not reach its child. The float master and every
-// replica's 16-bit bits must be the host's mixed pipeline's, the norm and the first non-finite too.
-TEMPLATE_TEST_CASE("emulated p2p_tree with 16-bit towers keeps float partial sums: bitwise the host's mixed pipeline",
-                   "[multi_tensor][checked][mixed]", layout::flat<bfloat16>, layout::per_variable<float16>) {
-  using half = typename TestType::value_type;
-  using trainer = pipeline<exec::host, reduce::host, optim::adam, layout::flat<half>>;
+namespace {
+
+// A device reducer with 16-bit towers (mixed precision, checked steps only), emulated: the fp32 master
+// bitwise the host mixed pipeline's (pipeline<exec::host, reduce::host, Optim, layout::flat<Half>>, an
+// independent implementation), every replica's 16-bit patterns its towers' rounded copy, the norm and
+// the first non-finite the host's; replicas are poisoned before each apply. Emulated: emulated_sharded
+// (one process; each owner keeps its slice of the master) or emulated_p2p_tree (float partial sums of
+// the towers with children beside their 16-bit gradients, copied raw or as partial sums).
+// An emulated reducer for checked steps over `towers`.
+template <class Emulated, class Towers, class Hyper>
+Emulated make_emulated(Towers& towers, const Hyper& h) {
+  if constexpr (std::is_constructible<Emulated, Towers&, const Hyper&, bool>::value) return Emulated(towers, h, true);
+  else return Emulated(towers);
+}
+
+template <template <class, class> class Emulated, class Optim, class Layout>
+void check_emulated_mixed(topology links, const typename Optim::hyper_parameters& h, std::uint64_t salt) {
+  using half_type = typename Layout::value_type;
+  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<half_type>>;
+  // "tail" spans three screen tiles, the last one partial and not a whole number of groups.
   const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {4101}}};
-  optim::adam::hyper_parameters h;
-  h.lr = 0.01;
-  random_source random(90);
-  for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
-    for (std::size_t n = 1; n <= 8; ++n) {
-      INFO("topology " << static_cast<int>(links) << ", " << n << " towers, seed " << random.seed());
-      const std::size_t examples = 3 * n - 1;
-      pipeline_options options;
-      options.max_grad_norm = 0.5;
-      trainer reference(variables, {{"x", dtype::float32, {1}}}, n, h, options);
-      towers_of<optim::adam, TestType> towers(variables, n, h, screen_tile_elements, links);
-      emulated_p2p_tree<optim::adam, TestType> reducer(towers);
-      for (std::size_t v = 0; v < variables.count(); ++v) {
-        const std::vector<float> initial = random.normal(variables[v].size);
-        reference.set_parameter(v, initial.data(), initial.size());
-        const auto master = reference.parameter(v);
-        reducer.set_master(v, std::vector<float>(master.begin(), master.end()));
-        const auto rounded = reference.execution_space().shared_parameters().view(v);
-        for (std::size_t t = 0; t < n; ++t) std::copy(rounded.begin(), rounded.end(), towers.replica(t).data(v));
-      }
-      std::vector<float> weights;
-      for (const shard& s : plan_split(examples, n, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));
-      const std::vector<float> x(examples, 1.0f);
-      batch b;
-      b.add("x", x.data(), examples, {1});
-      std::int64_t done = 0;
-      for (int step = 1; step <= 6; ++step) {
-        INFO("step " << step);
-        std::vector<std::vector<std::vector<half>>> grads(n);
-        for (auto& tower : grads) {
-          for (const variable& v : variables) {
-            std::vector<half> values;
-            for (float value : random.normal(v.size, 0.1f)) values.push_back(half(value));
-            tower.push_back(values);
-          }
-        }
-        if (step % 3 == 0) grads[(n - 1) / 2][3][static_cast<std::size_t>(step) * 611] = quiet_nan<half>();
-        const step_stats stats = reference.step(b, [&](typename trainer::tower_context& tower) {
-          for (std::size_t v = 0; v < variables.count(); ++v)
-            tower.write_gradient(v, grads[tower.tower()][v].data(), grads[tower.tower()][v].size());
-          return 0.0;
-        });
-        for (std::size_t t = 0; t < n; ++t) {
-          for (std::size_t v = 0; v < variables.count(); ++v) std::copy(grads[t][v].begin(), grads[t][v].end(), towers.gradients(t).data(v));
-        }
-        towers.poison_replicas();
-        const screen_partials partials = reducer.screen_average(weights);
-        if (stats.skipped) {
-          check_same_nonfinite(partials, stats);
-          continue;
-        }
-        ++done;
-        REQUIRE(partials.first_nonfinite == no_nonfinite);
-        CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
-        CHECK(stats.clip_coefficient < 1.0);  // the clip is exercised
-        reducer.apply_averaged(clip_coefficient(partials, options.max_grad_norm), optim::adam::constants<float>(h, done));
-        for (std::size_t v = 0; v < variables.count(); ++v) {
-          REQUIRE(first_bitwise_difference(reducer.master(v), reference.parameter(v)) == -1);
-          const auto expected = reference.execution_space().shared_parameters().view(v);
-          for (std::size_t t = 0; t < n; ++t) {
-            const auto replica = towers.replica(t).view(v);
-            for (std::size_t i = 0; i < replica.size(); ++i) REQUIRE(replica[i].bits == expected[i].bits);
-          }
-        }
-      }
-      CHECK(done == 4);
+  random_source random(salt);
+  for (std::size_t n = 1; n <= 8; ++n) {
+    INFO(Optim::name << " " << Layout::name << ", topology " << static_cast<int>(links) << ", " << n << " towers, seed " << random.seed());
+    const std::size_t examples = 3 * n - 1;
+    pipeline_options options;
+    options.max_grad_norm = 3.0;
+    trainer reference(variables, {{"x", dtype::float32, {1}}}, n, h, options);
+    towers_of<Optim, Layout> towers(variables, n, h, screen_tile_elements, links);
+    Emulated<Optim, Layout> reducer = make_emulated<Emulated<Optim, Layout>>(towers, h);
+    const std::vector<float> weights = tower_weights(examples, n);
+    for (std::size_t v = 0; v < variables.count(); ++v) {
+      const std::vector<float> initial = random.normal(variables[v].size);
+      reference.set_parameter(v, initial.data(), initial.size());
+      reducer.parameter_set(v, initial);
+      for (std::size_t t = 0; t < n; ++t) set_replica(towers, t, v, initial);
     }
+    const std::vector<float> x(examples, 1.0f);
+    batch b;
+    b.add("x", x.data(), examples, {1});
+    std::int64_t done = 0;
+    for (int step = 1; step <= 6; ++step) {
+      INFO("step " << step);
+      if (!emulated_checked_step<half_type, Optim>(reference, towers, reducer, random, b, weights, step, options.max_grad_norm, h, done))
+        continue;
+      for (std::size_t v = 0; v < variables.count(); ++v) {
+        REQUIRE(first_bitwise_difference(reducer.master(v), reference.parameter(v)) == -1);
+        for (std::size_t t = 0; t < n; ++t)
+          REQUIRE(first_bitwise_difference(towers.replica(t).view(v), reference.execution_space().shared_parameters().view(v)) == -1);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated sharded with bf16 and fp16 towers (direct or copied) equals the host's mixed-precision pipeline "
+                   "bitwise for 1..8 towers",
+                   "[multi_tensor][checked][mixed]", layout::flat<bfloat16>, layout::per_variable<float16>, layout::flat<float16>,
+                   layout::per_variable<bfloat16>) {
+  for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
+    for_each_optimizer(91, [&](auto optimizer, const auto& h, std::uint64_t salt) {
+      check_emulated_mixed<emulated_sharded, typename decltype(optimizer)::type, TestType>(links, h, salt);
+    });
+  }
+}
+
+TEMPLATE_TEST_CASE("emulated p2p_tree with bf16 and fp16 towers keeps float partial sums (direct or copied): bitwise the host's "
+                   "mixed-precision pipeline for 1..8 towers",
+                   "[multi_tensor][checked][mixed]", layout::flat<bfloat16>, layout::per_variable<float16>) {
+  for (topology links : {topology::one_device, topology::one_device_no_direct_access, topology::peer_pairs}) {
+    for_each_optimizer(95, [&](auto optimizer, const auto& h, std::uint64_t salt) {
+      check_emulated_mixed<emulated_p2p_tree, typename decltype(optimizer)::type, TestType>(links, h, salt);
+    });
   }
 }

@@ -3,7 +3,8 @@
 // programs/exchange_buffers.hpp), each process's owner (programs/owner_wiring.hpp), its copies of the
 // local towers tower 0's device does not reach (programs/copy_wiring.hpp), the per-element programs
 // (programs/process_agents.hpp) through the host dispatch; the transport done by copies of the plan's
-// blocks. Every process's replicas must equal one process with all towers, bitwise.
+// blocks. Every process's replicas must equal one process with all towers, bitwise; with 16-bit towers
+// (mixed precision) the fp32 master too, and the replicas' 16-bit patterns its rounded copy.
 #include <towerpipe/programs/copy_wiring.hpp>
 #include <towerpipe/programs/exchange_buffers.hpp>
 #include <towerpipe/programs/exchange_plan.hpp>
@@ -29,6 +30,9 @@ namespace {
 // One process: its towers, and the reducer's plan, owner, buffers and copies over them.
 template <class Optim, class Layout>
 struct emulated_process {
+  using stored_type = typename Layout::value_type;
+  static constexpr bool mixed = !std::is_same<stored_type, float>::value;
+
   emulated_process(const variable_set& variables, int processes, int rank, std::size_t local_towers,
                    const typename Optim::hyper_parameters& h, bool checked, topology links)
       : towers(variables, local_towers, h, screen_tile_elements, links),
@@ -36,14 +40,17 @@ struct emulated_process {
         owner(plan.mine(), towers.chunks(), variables.count(), Optim::state_slots(h), owner_keeps{checked, true}, host_memory{}),
         buffers(plan, variables, host_memory{}),
         copies(towers, 0, nan_filled_memory{}, false),
-        gathered_copies(gathered_into_copied_replicas(towers, copies, buffers.gathered.get(), towers.device(0), variables)) {}
+        broadcast(towers, copies, buffers.gathered.get(), variables, nan_filled_memory{}),
+        starts(padded_flat_starts(variables)) {}
 
-  // The pipeline's set_parameter, as the reducer hears it (parameter_set): its slice of the master copy.
+  // The pipeline's set_parameter, as the reducer hears it (parameter_set): its slice of the master copy;
+  // with mixed precision also the whole master in the gathered buffer, which master_on_host reads.
   void parameter_set(std::size_t v, const std::vector<float>& values) {
-    owner.slice().for_each_stored_range_of(v, [&](const element_range& r, std::size_t offset) {
-      std::copy(values.begin() + static_cast<std::ptrdiff_t>(r.begin), values.begin() + static_cast<std::ptrdiff_t>(r.end),
-                owner.master_storage() + offset);
-    });
+    set_master_slice(owner, v, values);
+    if (mixed) std::copy(values.begin(), values.end(), buffers.gathered.get() + starts[v]);
+  }
+  tensor_view<const float> master(std::size_t v) const {
+    return tensor_view<const float>(buffers.gathered.get() + starts[v], towers.variables()[v].shape);
   }
   // The owner's optimizer: its master copy of the slice, which the gather sends.
   optimizer_apply<Optim, float> apply(const typename Optim::template step_constants<float>& c) {
@@ -57,7 +64,8 @@ struct emulated_process {
   slice_owner<float, host_memory> owner;
   exchange_buffers<float, host_memory> buffers;
   tower_copies<typename emulated_towers<Optim, Layout>::copy_buffer> copies;
-  copy_list<float> gathered_copies;
+  gathered_broadcast<stored_type, float, nan_filled_memory> broadcast;
+  std::vector<std::size_t> starts;  // padded_flat_starts
 };
 
 char* bytes_at(float* buffer, std::size_t byte_offset) { return reinterpret_cast<char*>(buffer) + byte_offset; }
@@ -73,7 +81,7 @@ screen_partials emulated_process_step(std::deque<emulated_process<Optim, Layout>
     auto& sender = processes[p];
     const int towers = static_cast<int>(sender.towers.towers());
     run_copies_on_host(sender.copies.gradients_in());
-    contribution_agent<float> agent{const_table(sender.copies.gradients(), sender.count()), towers, sender.plan.contributions() == 1, {},
+    contribution_agent<float, typename emulated_process<Optim, Layout>::stored_type> agent{const_table(sender.copies.gradients(), sender.count()), towers, sender.plan.contributions() == 1, {},
                                     static_cast<unsigned>(p) * static_cast<unsigned>(towers), {},
                                     checked ? &partials.first_nonfinite : nullptr};
     std::copy(weights.begin() + static_cast<std::ptrdiff_t>(p) * towers, weights.begin() + static_cast<std::ptrdiff_t>(p + 1) * towers,
@@ -115,18 +123,22 @@ screen_partials emulated_process_step(std::deque<emulated_process<Optim, Layout>
     for (std::size_t owner = 0; owner < processes.size(); ++owner)
       std::memcpy(bytes_at(process.buffers.gathered.get(), blocks.offsets[owner]), processes[owner].owner.master_storage(),
                   blocks.bytes[owner]);
-    if (process.copies.reached() > 0)
-      run_agent_on_host(copy_agent<float>{const_table(process.buffers.gathered_flat, process.count()),
-                                          table(process.copies.replicas(), process.count()), process.copies.reached()},
+    if (process.broadcast.target_count() > 0)
+      run_agent_on_host(copy_agent<float, typename emulated_process<Optim, Layout>::stored_type>{
+                            const_table(process.buffers.gathered_flat, process.count()), table(process.broadcast.targets(), process.count()),
+                            process.broadcast.target_count()},
                         process.towers.chunks());
-    run_copies_on_host(process.gathered_copies);
+    run_copies_on_host(process.broadcast.copies());
   }
   return partials;
 }
 
+// Layout's 16-bit types (mixed precision, checked steps only) against the host's mixed pipeline.
 template <class Optim, class Layout>
 void check_emulated_processes(const typename Optim::hyper_parameters& h, bool checked, topology links, std::uint64_t salt) {
-  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<float>>;
+  using stored_type = typename Layout::value_type;
+  using trainer = pipeline<exec::host, reduce::host, Optim, layout::flat<stored_type>>;
+  constexpr bool mixed = !std::is_same<stored_type, float>::value;
   // "tail" spans five screen tiles (the chunks here), the last one partial: slices cut through it.
   const variable_set variables{{"w", {37, 29}}, {"b", {29}}, {"s", {}}, {"tail", {9001}}};
   random_source random(salt);
@@ -147,7 +159,7 @@ void check_emulated_processes(const typename Optim::hyper_parameters& h, bool ch
         const std::vector<float> initial = random.normal(variables[v].size);
         reference.set_parameter(v, initial.data(), initial.size());
         for (auto& p : processes) {
-          for (std::size_t t = 0; t < towers; ++t) std::copy(initial.begin(), initial.end(), p.towers.replica(t).data(v));
+          for (std::size_t t = 0; t < towers; ++t) set_replica(p.towers, t, v, initial);
           p.parameter_set(v, initial);
         }
       }
@@ -157,8 +169,8 @@ void check_emulated_processes(const typename Optim::hyper_parameters& h, bool ch
       std::int64_t done = 0;
       for (int step = 1; step <= 5; ++step) {
         INFO("step " << step);
-        auto grads = draw_gradients(random, variables, all);
-        if (checked && step == 3) grads[all - 1][3][7000] = std::nanf("");
+        auto grads = draw_gradients<stored_type>(random, variables, all);
+        if (checked && step == 3) grads[all - 1][3][7000] = quiet_nan<stored_type>();
         const step_stats stats = reference_step(reference, b, grads);
         for (std::size_t g = 0; g < all; ++g) {
           for (std::size_t v = 0; v < variables.count(); ++v)
@@ -172,8 +184,10 @@ void check_emulated_processes(const typename Optim::hyper_parameters& h, bool ch
           // The skipped step wrote nothing; the replicas the test poisoned get the reference's values back.
           for (auto& p : processes) {
             for (std::size_t t = 1; t < towers; ++t) {
-              for (std::size_t v = 0; v < variables.count(); ++v)
-                std::copy(reference.parameter(v).begin(), reference.parameter(v).end(), p.towers.replica(t).data(v));
+              for (std::size_t v = 0; v < variables.count(); ++v) {
+                const auto expected = reference.execution_space().shared_parameters().view(v);
+                std::copy(expected.begin(), expected.end(), p.towers.replica(t).data(v));
+              }
             }
           }
           continue;
@@ -181,9 +195,10 @@ void check_emulated_processes(const typename Optim::hyper_parameters& h, bool ch
         ++done;
         if (checked) CHECK(std::sqrt(partials.sum_of_squares()) == *stats.gradient_norm);
         for (auto& p : processes) {
-          for (std::size_t t = 0; t < towers; ++t) {
-            for (std::size_t v = 0; v < variables.count(); ++v)
-              REQUIRE(first_bitwise_difference(p.towers.replica(t).view(v), reference.parameter(v)) == -1);
+          for (std::size_t v = 0; v < variables.count(); ++v) {
+            if (mixed) REQUIRE(first_bitwise_difference(p.master(v), reference.parameter(v)) == -1);
+            for (std::size_t t = 0; t < towers; ++t)
+              REQUIRE(first_bitwise_difference(p.towers.replica(t).view(v), reference.execution_space().shared_parameters().view(v)) == -1);
           }
         }
       }
@@ -202,5 +217,15 @@ TEMPLATE_TEST_CASE("emulated GPU towers across processes (contributions, exchang
         check_emulated_processes<typename decltype(optimizer)::type, TestType>(h, checked, links, salt);
       });
     }
+  }
+}
+
+TEMPLATE_TEST_CASE("emulated GPU towers across processes with bf16 and fp16 towers equal one process's mixed-precision pipeline "
+                   "bitwise (fp32 master gathered, replicas rounded)",
+                   "[multi_tensor][sharded][mixed]", layout::flat<bfloat16>, layout::per_variable<float16>) {
+  for (topology links : {topology::one_device, topology::one_device_no_direct_access}) {
+    for_each_optimizer(91, [&](auto optimizer, const auto& h, std::uint64_t salt) {
+      check_emulated_processes<typename decltype(optimizer)::type, TestType>(h, true, links, salt);  // mixed: checked steps
+    });
   }
 }

@@ -204,18 +204,25 @@ struct tree_root_agent {
   }
 };
 
-// Copies one tower's replica into others (the p2p tree's broadcast edges).
-template <class T>
+// Copies one tower's replica into others (the p2p tree's broadcast edges). Stored: the targets' type;
+// with mixed precision (T the master type, Stored bf16 or fp16) the copy rounds to nearest even, as
+// reduce::sharded across processes writes the gathered master into its towers' replicas.
+template <class T, class Stored = T>
 struct copy_agent {
   using value_type = T;
   pointer_table<const T> source;  // role 0
-  pointer_table<T> targets;       // roles [0, target_count)
+  pointer_table<Stored> targets;  // roles [0, target_count)
   int target_count;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     const lanes<T, W> value = load_lanes<W>(source.at(0, v) + i);
-    for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
+    if constexpr (std::is_same<T, Stored>::value) {
+      for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
+    } else {
+      const lanes<Stored, W> stored = narrow_lanes<Stored>(value);
+      for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, stored);
+    }
   }
 };
 

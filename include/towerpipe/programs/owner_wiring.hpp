@@ -4,8 +4,9 @@
 // holds its slice of the chunk table (programs/owner_slices.hpp) and, in compact storage allocated
 // from `Memory` (cuda_device_memory on its device, host memory in the tests), its slice of the
 // optimizer state (slot after slot), for checked steps its slice of the average, and, across
-// processes, its own master copy of its slice of the parameters (in one process the master is tower
-// 0's replica). The device reducers upload these pointer tables; the host tests run the agents over
+// processes or with mixed precision (16-bit towers), its own master copy of its slice of the parameters
+// (in one process without mixed precision the master is tower 0's replica). T is the master type; the
+// towers' buffers (slice_copies) hold the stored type. The device reducers upload these pointer tables; the host tests run the agents over
 // them (programs/host_dispatch.hpp).
 //
 // slice_copies: where an owner's device cannot address a tower's (programs/copy_wiring.hpp), its
@@ -27,7 +28,7 @@ namespace detail {
 // What an owner keeps besides its slice of the state.
 struct owner_keeps {
   bool average = false;  // checked steps: its slice of the average
-  bool master = false;   // across processes: its own master copy of its slice
+  bool master = false;   // across processes, or mixed precision: its own master copy of its slice
 };
 
 template <class T, class Memory>
@@ -65,7 +66,8 @@ class slice_owner {
     if (!average_) fail("reduce::sharded: a checked step on a pipeline built for unchecked steps");
     return average_pointers_;
   }
-  // Across processes: role 0, the owner's master copy of its slice, which the gather then sends.
+  // Across processes or with mixed precision: role 0, the owner's master copy of its slice (across
+  // processes the gather then sends it).
   const std::vector<T*>& master() const { return master_pointers_; }
   T* master_storage() const { return master_.get(); }
   T* slot_storage(std::size_t slot) const {
@@ -86,8 +88,9 @@ class slice_owner {
 // One owner in one process (tower `owner`'s device): every tower's buffers as its pass uses them, role
 // = tower in the canonical tree's order. A tower it reaches is used in place; for any other, compact
 // copies of the slice on the owner's device: the gradients copied in before the screen or the fused
-// pass, replica 0's slice (the master every owner reads) copied in before the apply where the owner does
-// not reach tower 0, and the new slice copied out to every copied tower after the apply.
+// pass, replica 0's slice (the master every owner reads, without mixed precision) copied in before the
+// apply where the owner does not reach tower 0, and the new slice copied out to every copied tower after
+// the apply. T: the towers' stored type.
 template <class T, class Memory>
 class slice_copies {
  public:

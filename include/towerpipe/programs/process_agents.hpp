@@ -32,11 +32,13 @@ namespace detail {
 // This process's contributions, written to the rows of the send buffer: with `partial`, row 0 gets the
 // canonical sum of w_t * g_t over the local towers; else row t gets tower t's w_t * g_t. A checked step
 // (first_nonfinite set) screens every raw value under its global tower index, first_tower + t, as one
-// process screens it (programs/screen.hpp) — only the process that holds a gradient can.
-template <class T>
+// process screens it (programs/screen.hpp) — only the process that holds a gradient can. Mixed
+// precision: the gradients are Stored (bf16, fp16), widened exactly to T before the products; the rows
+// are T.
+template <class T, class Stored = T>
 struct contribution_agent {
   using value_type = T;
-  pointer_table<const T> gradients;  // role = local tower
+  pointer_table<const Stored> gradients;  // role = local tower
   int towers;
   bool partial;
   weight_array<T> weights;
@@ -48,7 +50,7 @@ struct contribution_agent {
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     nonfinite_key first = no_nonfinite;
     const auto weighed = [&](int t) {
-      const lanes<T, W> raw = load_lanes<W>(gradients.at(t, v) + i);
+      const lanes<T, W> raw = widen_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
       if (first_nonfinite != nullptr) note_nonfinite(raw, v, i, first_tower + static_cast<unsigned>(t), first);
       return scale_lanes(weights[t], raw);
     };
