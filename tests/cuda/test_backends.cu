@@ -486,6 +486,15 @@ TEST_CASE("device0 with bf16 and fp16 towers equals the host's mixed-precision p
   check_mixed_for_tower_counts<reduce::device0>(700);
 }
 
+// Each owner keeps its slice of the fp32 master; the copying paths (direct_device_access off) copy the
+// 16-bit gradients in and the rounded replicas out.
+TEST_CASE("sharded with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
+  check_mixed_for_tower_counts<reduce::sharded>(750);
+  pipeline_options copied;
+  copied.direct_device_access = false;
+  check_mixed_for_tower_counts<reduce::sharded>(800, copied);
+}
+
 // p2p_tree's fp32 partial sums beside the 16-bit gradients, in place and copied raw or as partials.
 TEST_CASE("p2p_tree with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
   check_mixed_for_tower_counts<reduce::p2p_tree>(740);
@@ -504,6 +513,7 @@ TEST_CASE("16-bit towers' gradient buckets taken during the towers change no bit
   check_mixed_for_tower_counts<reduce::device0>(800, {}, true);
   check_mixed_for_tower_counts<reduce::p2p_tree>(820, {}, true);
   check_mixed_for_tower_counts<reduce::host>(840, {}, true);
+  check_mixed_for_tower_counts<reduce::sharded>(860, {}, true);
 }
 
 namespace {

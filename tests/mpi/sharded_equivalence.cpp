@@ -473,9 +473,7 @@ int main(int argc, char** argv) {
       const std::size_t local_towers = argc > 2 ? std::stoul(argv[2]) : 1;
       every_optimizer<layout::flat<float>>(local_towers, group);
       every_optimizer<layout::per_variable<float>>(local_towers, group);
-#if !defined(TOWERPIPE_TEST_GPU_TOWERS)  // reduce::sharded with GPU towers does not take mixed precision yet
       every_optimizer<layout::flat<bfloat16>>(local_towers, group);
-#endif
     } else if (mode == "mismatch") {
       mismatch(group);
     } else if (mode == "disagree") {

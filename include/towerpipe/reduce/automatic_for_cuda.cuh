@@ -74,7 +74,8 @@ struct automatic_space<cuda_towers<Layout>> {
   };
 };
 
-// Today only reduce::device0 takes 16-bit GPU towers (the others refuse them at compile time).
+// With 16-bit GPU towers the candidate is reduce::device0 alone: p2p_tree and reduce::host for GPU towers
+// refuse them at compile time, and reduce::sharded, which takes them, is not a candidate for them yet.
 template <class Optim, class Layout, bool Mixed = !std::is_same<typename Layout::value_type, master_type_t<typename Layout::value_type>>::value>
 struct automatic_cuda_reducer {
   using type = automatic_reducer<

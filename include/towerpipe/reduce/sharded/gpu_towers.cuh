@@ -9,6 +9,14 @@
 // 0's replica: each owner reads its slice there. The agents and the tree are device0's, element for element,
 // so the result is bitwise device0's (README.md, invariant 2); only who computes which element differs.
 //
+// Mixed precision (bf16/fp16 towers: layout::flat<bfloat16>, layout::per_variable<float16>, ...): as
+// device0, every step is a checked one and the master is fp32 of its own — here each owner keeps its
+// slice of it, beside its fp32 slice of the state and of the average. The screen widens the towers'
+// 16-bit gradients into the owner's fp32 average; the apply reads and writes the owner's master slice
+// and writes it rounded to nearest even into every tower's replica (optimizer_apply with a master
+// table), so the master and the replicas are bitwise the host's mixed pipeline's. parameter_set sets
+// every owner's part of the master, master_on_host gathers the owners' parts.
+//
 // Bytes: every owner reads N gradients' and writes N replicas' worth of its slice, so all owners
 // together move what device0 moves, spread over the devices: on one GPU it costs about device0's time,
 // on devices joined by NVLink each link carries 1/N of it. The state is 1/N per device.
@@ -19,8 +27,8 @@
 //
 // Where an owner's device cannot address a tower's (no peer access, or
 // pipeline_options::direct_device_access off), the owner copies that tower's slice of the gradients in
-// and its new slice of the parameters out, with a one-time warning through the log sink. Not yet: mixed
-// precision.
+// and its new slice of the parameters out (16-bit values with mixed precision), with a one-time warning
+// through the log sink.
 //
 // Gradient buckets (reduce/overlapped_reduction.hpp): each owner runs its pass over the chunks of a
 // bucket that lie in its slice as soon as every tower has marked the bucket, while the towers go on;
@@ -65,16 +73,21 @@ namespace detail {
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
 class sharded_device_reducer : public whole_step_as_one_part<sharded_device_reducer<Optim, Layout, Policy>> {
  public:
-  using stored_type = typename Layout::value_type;
-  using step_constants = typename Optim::template step_constants<stored_type>;
+  using stored_type = typename Layout::value_type;  // the towers' gradients and replicas
+  using T = master_type_t<stored_type>;              // master, state, average, weights
+  static constexpr bool mixed = !std::is_same<stored_type, T>::value;
+  using step_constants = typename Optim::template step_constants<T>;
 
   sharded_device_reducer(const variable_set& variables, const typename Optim::hyper_parameters& h, cuda_towers<Layout>& towers,
                          const pipeline_options& options)
-      : whole_step_as_one_part<sharded_device_reducer>(variables.count()), slots_(Optim::state_slots(h)), host_mirror_(variables) {
+      : whole_step_as_one_part<sharded_device_reducer>(variables.count()),
+        slots_(Optim::state_slots(h)),
+        host_mirror_(variables),
+        master_mirror_(variables_if(mixed, variables)) {
     const std::size_t n = towers.towers();
     check_device_tower_count("reduce::sharded", n);
     const std::vector<tensor_chunk> table = make_chunk_table(variables, Policy::chunk_elements);
-    const owner_keeps keeps{takes_checked_steps(options, false), false};
+    const owner_keeps keeps{takes_checked_steps(options, mixed), mixed};
     std::vector<owner_slice> slices = cut_into_slices(table, n);
     for (std::size_t k = 0; k < n; ++k) {
       if (!slices[k].empty()) owners_.push_back(std::make_unique<owner>(variables, table, std::move(slices[k]), k, towers, slots_, keeps));
@@ -90,21 +103,25 @@ class sharded_device_reducer : public whole_step_as_one_part<sharded_device_redu
   // the step. Off where an owner copies its slice of some tower's buffers (no peer access): the copies
   // are of the whole slice, after the towers.
   bool overlaps_buckets() const { return reaches_every_tower_; }
-  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
                               const step_constants& constants, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::sharded part");
-    for (auto& o : owners_) {
-      device_guard on(o->device());
-      wait_for_part(*o, towers, part);
-      if (!part.during_towers()) run_copies_async(o->copies.master_in(), o->stream());
-      for (const chunk_group& run : o->chunk_runs.runs(part.variables))
-        launch_fused_apply<Policy, Optim, stored_type>(o->chunks(), o->stream(), static_cast<int>(towers.towers()),
-                                                       o->gradients.const_view(), weights, apply_for(*o, towers, constants), run);
-      if (!part.during_towers()) run_copies_async(o->copies.replicas_out(), o->stream());
+    if constexpr (mixed) {
+      fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
+    } else {
+      const nvtx_range range("towerpipe reduce::sharded part");
+      for (auto& o : owners_) {
+        device_guard on(o->device());
+        wait_for_part(*o, towers, part);
+        if (!part.during_towers()) run_copies_async(o->copies.master_in(), o->stream());
+        for (const chunk_group& run : o->chunk_runs.runs(part.variables))
+          launch_fused_apply<Policy, Optim, T>(o->chunks(), o->stream(), static_cast<int>(towers.towers()), o->gradients.const_view(),
+                                               weights, apply_for(*o, towers, constants), run);
+        if (!part.during_towers()) run_copies_async(o->copies.replicas_out(), o->stream());
+      }
+      if (part.during_towers()) return;
+      order_towers_after_owners(towers);
+      stages.reduce = wait_for_owners(towers, "sharded average + apply + broadcast");
     }
-    if (part.during_towers()) return;
-    order_towers_after_owners(towers);
-    stages.reduce = wait_for_owners(towers, "sharded average + apply + broadcast");
   }
   // After a failed step: the bucket passes enqueued on the owners' streams done, and the towers' next
   // work after them.
@@ -120,8 +137,9 @@ class sharded_device_reducer : public whole_step_as_one_part<sharded_device_redu
     return {};
   }
   // A checked step's part: each owner's slice of the bucket's average and its screen.
-  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
-                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+  // With mixed precision the screen widens the 16-bit gradients into the fp32 average.
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights, const accumulation<T>& step,
+                   screen_partials& partials, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::sharded screen part");
     for (auto& o : owners_) {
       device_guard on(o->device());
@@ -144,14 +162,15 @@ class sharded_device_reducer : public whole_step_as_one_part<sharded_device_redu
     }
   }
 
-  // Pass 2: the optimizer on scale * each owner's slice of the average, the new slices into every replica.
-  void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const step_constants& constants, stage_seconds& stages) {
+  // Pass 2: the optimizer on scale * each owner's slice of the average, the new slices into every replica
+  // (with mixed precision: into the owner's master slice, and rounded into every replica).
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const step_constants& constants, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::sharded apply");
     for (auto& o : owners_) {
       device_guard on(o->device());
       o->start().record(o->stream());
-      run_copies_async(o->copies.master_in(), o->stream());
-      launch_fused_apply_for<Policy, 1>(o->chunks(), o->stream(), 1, o->average().const_view(), std::vector<stored_type>{scale},
+      if (!mixed) run_copies_async(o->copies.master_in(), o->stream());  // mixed: the owner's master slice is its own
+      launch_fused_apply_for<Policy, 1>(o->chunks(), o->stream(), 1, o->average().const_view(), std::vector<T>{scale},
                                         apply_for(*o, towers, constants));
       run_copies_async(o->copies.replicas_out(), o->stream());
     }
@@ -169,24 +188,39 @@ class sharded_device_reducer : public whole_step_as_one_part<sharded_device_redu
   }
 
   // Between steps: the slot's values of one variable, gathered from the owners that hold parts of it.
-  tensor_view<const stored_type> state_on_host(std::size_t slot, std::size_t index) {
-    const tensor_view<stored_type> target = host_mirror_.view(index);
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
+    const tensor_view<T> target = host_mirror_.view(index);
     for (const auto& o : owners_) o->state_to_host(slot, index, target.data());
     return target;
   }
 
-  void set_state(std::size_t slot, std::size_t index, const stored_type* values) {
+  void set_state(std::size_t slot, std::size_t index, const T* values) {
     for (auto& o : owners_) o->set_state(slot, index, values);
+  }
+
+  // Mixed precision: every owner's part of the fp32 master (without, the master is tower 0's replica,
+  // which the towers set). Between steps.
+  void parameter_set(std::size_t index, const T* values) {
+    if constexpr (mixed) {
+      for (auto& o : owners_) o->set_master(index, values);
+    }
+  }
+  // Mixed precision: the fp32 master of one variable, gathered from the owners' parts (between steps).
+  tensor_view<const T> master_on_host(std::size_t index) {
+    if (!mixed) fail("reduce::sharded: the master copy is tower 0's replica (no mixed precision)");
+    const tensor_view<T> target = master_mirror_.view(index);
+    for (const auto& o : owners_) o->master_to_host(index, target.data());
+    return target;
   }
 
  private:
   // One owner: tower `tower`'s device (gpu_owner: its slice, its slice of the state), and every tower's
   // buffers as its pass uses them (programs/owner_wiring.hpp slice_copies: in place where its device
   // reaches the tower, else compact copies of the slice, copied in and out around the pass).
-  struct owner : gpu_owner<stored_type, Policy> {
+  struct owner : gpu_owner<T, Policy> {
     owner(const variable_set& variables, const std::vector<tensor_chunk>& table, owner_slice owned, std::size_t k,
           cuda_towers<Layout>& towers, int slots, owner_keeps keeps)
-        : gpu_owner<stored_type, Policy>(variables, std::move(owned), table, slots, keeps, towers.device(k)),
+        : gpu_owner<T, Policy>(variables, std::move(owned), table, slots, keeps, towers.device(k)),
           tower(k),
           copies(this->slice(), towers, k, cuda_device_memory{towers.device(k)}),
           gradients(this->upload(copies.gradients(), variables, "reduce::sharded: the gradients an owner reads")),
@@ -203,12 +237,14 @@ class sharded_device_reducer : public whole_step_as_one_part<sharded_device_redu
     std::size_t tower;
     slice_copies<stored_type, cuda_device_memory> copies;
     device_pointer_table<stored_type> gradients;  // role = tower
-    device_pointer_table<stored_type> replicas;   // role = tower; replica 0 is the master copy every owner reads
+    device_pointer_table<stored_type> replicas;   // role = tower; without mixed precision replica 0 is the master every owner reads
     chunks_by_variable chunk_runs, tile_runs;     // where a part's variables lie in its chunks and its screen's tiles
   };
 
-  optimizer_apply<Optim, stored_type> apply_for(owner& o, cuda_towers<Layout>& towers, const step_constants& constants) {
-    return {o.replicas.view(), o.state(), static_cast<int>(towers.towers()), slots_, constants, {}};
+  // The owner's optimizer: its slice of the state; the master replica 0 (read, and written with every
+  // replica), or with mixed precision its own master slice (read and written; every replica gets it rounded).
+  optimizer_apply<Optim, T, stored_type> apply_for(owner& o, cuda_towers<Layout>& towers, const step_constants& constants) {
+    return {o.replicas.view(), o.state(), static_cast<int>(towers.towers()), slots_, constants, mixed ? o.master() : pointer_table<T>{}};
   }
 
   // Every tower's next work waits for every owner's writes (and reads of its gradients).
@@ -243,7 +279,7 @@ class sharded_device_reducer : public whole_step_as_one_part<sharded_device_redu
   }
 
   int slots_;
-  typename Layout::template buffer<host_memory> host_mirror_;
+  typename Layout::template buffer<host_memory, T> host_mirror_, master_mirror_;  // master_mirror_: mixed precision
   std::vector<std::unique_ptr<owner>> owners_;  // one per tower with a non-empty slice
   bool reaches_every_tower_ = true;             // no owner copies a tower's slice (overlaps_buckets)
 };
@@ -255,8 +291,9 @@ template <class Optim, class Layout>
 class sharded_gpu_reducer {
  public:
   using stored_type = typename Layout::value_type;
+  using T = master_type_t<stored_type>;
   using hyper_parameters = typename Optim::hyper_parameters;
-  using constants_type = typename Optim::template step_constants<stored_type>;
+  using constants_type = typename Optim::template step_constants<T>;
 
   // `span`: the processes, their configuration already compared (step/processes.hpp).
   sharded_gpu_reducer(const variable_set& variables, const hyper_parameters& h, cuda_towers<Layout>& towers,
@@ -265,44 +302,48 @@ class sharded_gpu_reducer {
     else within_ = std::make_unique<sharded_device_reducer<Optim, Layout>>(variables, h, towers, options);
   }
 
-  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights, const constants_type& constants,
+  void average_and_apply(cuda_towers<Layout>& towers, const std::vector<T>& weights, const constants_type& constants,
                          stage_seconds& stages) {
     either([&](auto& r) { r.average_and_apply(towers, weights, constants, stages); });
   }
-  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<stored_type>& weights,
-                                 const accumulation<stored_type>& step, stage_seconds& stages) {
+  screen_partials screen_average(cuda_towers<Layout>& towers, const std::vector<T>& weights,
+                                 const accumulation<T>& step, stage_seconds& stages) {
     return either([&](auto& r) { return r.screen_average(towers, weights, step, stages); });
   }
-  void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const constants_type& constants, stage_seconds& stages) {
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const constants_type& constants, stage_seconds& stages) {
     either([&](auto& r) { r.apply_averaged(towers, scale, constants, stages); });
   }
   // Gradient buckets: the form chosen's (each says what goes during the towers).
   bool overlaps_buckets() const { return within_ ? within_->overlaps_buckets() : across_->overlaps_buckets(); }
-  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
                               const constants_type& constants, stage_seconds& stages) {
     either([&](auto& r) { r.average_and_apply_part(towers, part, weights, constants, stages); });
   }
   screen_partials begin_screen() {
     return either([&](auto& r) { return r.begin_screen(); });
   }
-  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
-                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
+                   const accumulation<T>& step, screen_partials& partials, stage_seconds& stages) {
     either([&](auto& r) { r.screen_part(towers, part, weights, step, partials, stages); });
   }
   void join_parts(cuda_towers<Layout>& towers) {
     either([&](auto& r) { r.join_parts(towers); });
   }
-  void parameter_set(std::size_t index, const stored_type* values) {
-    if (across_) across_->parameter_set(index, values);  // within one process, the owners read tower 0's replica
+  // Within one process without mixed precision nothing: the owners read tower 0's replica.
+  void parameter_set(std::size_t index, const T* values) {
+    either([&](auto& r) { r.parameter_set(index, values); });
+  }
+  tensor_view<const T> master_on_host(std::size_t index) {
+    return either([&](auto& r) { return r.master_on_host(index); });
   }
   std::size_t state_slots() const { return within_ ? within_->state_slots() : across_->state_slots(); }
   std::vector<std::size_t> state_bytes_per_tower(std::size_t towers) const {
     return within_ ? within_->state_bytes_per_tower(towers) : across_->state_bytes_per_tower(towers);
   }
-  tensor_view<const stored_type> state_on_host(std::size_t slot, std::size_t index) {
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
     return either([&](auto& r) { return r.state_on_host(slot, index); });
   }
-  void set_state(std::size_t slot, std::size_t index, const stored_type* values) {
+  void set_state(std::size_t slot, std::size_t index, const T* values) {
     either([&](auto& r) { r.set_state(slot, index, values); });
   }
 
@@ -320,10 +361,6 @@ class sharded_gpu_reducer {
 
 template <class Optim, class Layout>
 struct reducer_for<exec::cuda, reduce::sharded, Optim, Layout> {
-  // Here, where the pair is chosen, so that this is the first message rather than a missing member.
-  static_assert(std::is_same<typename Layout::value_type, master_type_t<typename Layout::value_type>>::value,
-                "towerpipe: reduce::sharded with 16-bit GPU towers (mixed precision) is not supported yet; use "
-                "reduce::device0, or reduce::sharded with exec::host");
   using type = detail::sharded_gpu_reducer<Optim, Layout>;
 };
 

@@ -26,6 +26,14 @@
 // Gradient buckets (reduce/overlapped_reduction.hpp): a bucket's contributions (step 1) go as soon as
 // every local tower has marked it, while the towers go on; the exchange waits for the last bucket (see
 // average_and_apply_part).
+//
+// Mixed precision (bf16/fp16 towers), as for host towers across processes (reduce/sharded/host_towers.hpp),
+// so that GPU and host towers agree bitwise: every step is a checked one; the contributions are the
+// widened gradients' products in fp32, the exchange and the owner's slices (master, state, average) are
+// fp32; the gather brings every process the whole fp32 master (4 bytes a parameter), which master_on_host
+// reads, and a narrowing copy rounds it to nearest even into each tower's replica — for the towers tower
+// 0's device does not reach, into one rounded copy on that device, copied out from there
+// (programs/exchange_buffers.hpp gathered_broadcast).
 
 #include <cuda_runtime.h>
 
@@ -62,8 +70,10 @@ namespace detail {
 template <class Optim, class Layout, class Policy = multi_tensor_policy>
 class sharded_process_reducer : public whole_step_as_one_part<sharded_process_reducer<Optim, Layout, Policy>> {
  public:
-  using stored_type = typename Layout::value_type;
-  using constants_type = typename Optim::template step_constants<stored_type>;
+  using stored_type = typename Layout::value_type;  // the towers' gradients and replicas
+  using T = master_type_t<stored_type>;              // contributions, exchange, master, state, average
+  static constexpr bool mixed = !std::is_same<stored_type, T>::value;
+  using constants_type = typename Optim::template step_constants<T>;
   using device_buffer = typename cuda_towers<Layout>::device_buffer;
 
   // `span`: the processes, their configuration already compared (step/processes.hpp).
@@ -75,23 +85,24 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
         device_(towers.device(0)),
         table_(make_chunk_table(variables, Policy::chunk_elements)),
         plan_(table_, variables.count(), span.size(), span.rank(), contributions_per_process(towers.towers())),
-        owner_(variables, plan_.mine(), table_, Optim::state_slots(h), owner_keeps{takes_checked_steps(options, false), true}, device_),
+        owner_(variables, plan_.mine(), table_, Optim::state_slots(h), owner_keeps{takes_checked_steps(options, mixed), true}, device_),
         all_chunks_(table_, device_),
         padded_starts_(padded_flat_starts(variables)),
         buffers_(plan_, variables, cuda_device_memory{device_}),
         copies_(towers, 0, cuda_device_memory{device_}, false),
         gradients_(vector_pointer_table<Policy>(copies_.gradients(), count(), table_, device_, "reduce::sharded: the gradients it reads")),
-        replicas_(vector_pointer_table<Policy>(copies_.replicas(), count(), table_, device_,
+        broadcast_(towers, copies_, buffers_.gathered.get(), variables, cuda_device_memory{device_}),
+        replicas_(vector_pointer_table<Policy>(broadcast_.targets(), count(), table_, device_,
                                                "reduce::sharded: the replicas the gather writes")),
-        gathered_copies_(gathered_into_copied_replicas(towers, copies_, buffers_.gathered.get(), device_, variables)),
-        send_blocks_(plan_.send_blocks(sizeof(stored_type))),
-        receive_blocks_(plan_.receive_blocks(sizeof(stored_type))),
-        gather_blocks_(plan_.gather_blocks(sizeof(stored_type))),
+        send_blocks_(plan_.send_blocks(sizeof(T))),
+        receive_blocks_(plan_.receive_blocks(sizeof(T))),
+        gather_blocks_(plan_.gather_blocks(sizeof(T))),
         received_rows_(owner_.upload(buffers_.received_rows, variables, "reduce::sharded: the rows this process receives")),
         gathered_flat_(vector_pointer_table<Policy>(buffers_.gathered_flat, count(), table_, device_,
                                                     "reduce::sharded: the gathered parameters")),
         host_slice_(plan_.mine().stored_elements),
-        host_state_(plan_.total()) {
+        host_state_(plan_.total()),
+        host_master_(mixed ? plan_.total() : 0) {
     check_device_tower_count("reduce::sharded", towers.towers());
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       if (!copies_.copied(t)) continue;
@@ -120,19 +131,23 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
   // rows at once (its blocks are fixed per step), and the owners' passes need every process's rows.
   // Off where local towers' gradients are copied whole to tower 0's device (no peer access).
   bool overlaps_buckets() const { return copies_.reached() == static_cast<int>(copies_.towers()); }
-  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
+  void average_and_apply_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights,
                               const constants_type& constants, stage_seconds& stages) {
-    const nvtx_range range("towerpipe reduce::sharded across processes: part");
-    device_guard on(device_);
-    const auto start = std::chrono::steady_clock::now();
-    wait_for_part(towers, part);
-    contribute(part, weights, nullptr);
-    if (part.during_towers()) return;
-    exchange();
-    if (!plan_.mine().empty())
-      owner_.chunks().template launch<Policy>(
-          rows_apply_agent<Optim, stored_type>{{received_rows_.const_view(), plan_.rows()}, apply(constants)}, owner_.stream());
-    finish(towers, start, stages);
+    if constexpr (mixed) {
+      fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
+    } else {
+      const nvtx_range range("towerpipe reduce::sharded across processes: part");
+      device_guard on(device_);
+      const auto start = std::chrono::steady_clock::now();
+      wait_for_part(towers, part);
+      contribute(part, weights, nullptr);
+      if (part.during_towers()) return;
+      exchange();
+      if (!plan_.mine().empty())
+        owner_.chunks().template launch<Policy>(rows_apply_agent<Optim, T>{{received_rows_.const_view(), plan_.rows()}, apply(constants)},
+                                                owner_.stream());
+      finish(towers, start, stages);
+    }
   }
   // After a failed step: the contributions enqueued on the owner's stream done, and the towers' next
   // work after them.
@@ -148,8 +163,8 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
     owner_.screen().reset(owner_.stream());
     return {};
   }
-  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<stored_type>& weights,
-                   const accumulation<stored_type>& step, screen_partials& partials, stage_seconds& stages) {
+  void screen_part(cuda_towers<Layout>& towers, const step_part& part, const std::vector<T>& weights, const accumulation<T>& step,
+                   screen_partials& partials, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::sharded across processes: screen part");
     device_guard on(device_);
     const auto start = std::chrono::steady_clock::now();
@@ -158,8 +173,8 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
     contribute(part, weights, screen.first_nonfinite());
     if (part.during_towers()) return;
     exchange();
-    const device_pointer_table<stored_type>& average = owner_.average();
-    const accumulating_source<rows_sum_source<stored_type>, stored_type> source{
+    const device_pointer_table<T>& average = owner_.average();
+    const accumulating_source<rows_sum_source<T>, T> source{
         {received_rows_.const_view(), plan_.rows()}, average.view(), step};
     screen.launch(source, average.view(), owner_.stream());
     TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(owner_.stream().get()));
@@ -167,7 +182,7 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
     stages.reduce = seconds_since(start);
   }
 
-  void apply_averaged(cuda_towers<Layout>& towers, stored_type scale, const constants_type& constants, stage_seconds& stages) {
+  void apply_averaged(cuda_towers<Layout>& towers, T scale, const constants_type& constants, stage_seconds& stages) {
     const nvtx_range range("towerpipe reduce::sharded across processes: apply");
     device_guard on(device_);
     const double screened = stages.reduce;
@@ -175,13 +190,31 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
     owner_.start().record(owner_.stream());
     if (!plan_.mine().empty())
       launch_fused_apply_for<Policy, 1>(owner_.chunks(), owner_.stream(), 1, owner_.average().const_view(),
-                                        std::vector<stored_type>{scale}, apply(constants));
+                                        std::vector<T>{scale}, apply(constants));
     finish(towers, start, stages);
     stages.reduce += screened;
   }
 
-  // The master copy of this process's slice follows the towers' parameters.
-  void parameter_set(std::size_t index, const stored_type* values) { owner_.set_master(index, values); }
+  // The master copy of this process's slice follows the towers' parameters; with mixed precision also the
+  // whole fp32 master in the gathered buffer, which master_on_host reads (between steps).
+  void parameter_set(std::size_t index, const T* values) {
+    owner_.set_master(index, values);
+    if constexpr (mixed) {
+      device_guard on(device_);
+      TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(owner_.stream().get()));
+      copy_to_device_now(buffers_.gathered.get() + padded_starts_[index], values, variables_[index].size * sizeof(T));
+    }
+  }
+  // Mixed precision: the whole fp32 master, as the last gather (or parameter_set) left it; no communication.
+  tensor_view<const T> master_on_host(std::size_t index) {
+    if (!mixed) fail("reduce::sharded: the master copy is the towers' parameters (no mixed precision)");
+    device_guard on(device_);
+    TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(owner_.stream().get()));
+    T* target = host_master_.data() + padded_starts_[index];
+    TOWERPIPE_CUDA_CHECK(cudaMemcpy(target, buffers_.gathered.get() + padded_starts_[index], variables_[index].size * sizeof(T),
+                                    cudaMemcpyDeviceToHost));
+    return tensor_view<const T>(target, variables_[index].shape);
+  }
 
   std::size_t state_slots() const { return static_cast<std::size_t>(owner_.slots()); }
   std::vector<std::size_t> state_bytes_per_tower(std::size_t towers) const {
@@ -192,17 +225,17 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
 
   // A collective, as for host towers (reduce/sharded/host_towers.hpp): every process's slice of the slot, gathered
   // once per slot between steps.
-  tensor_view<const stored_type> state_on_host(std::size_t slot, std::size_t index) {
+  tensor_view<const T> state_on_host(std::size_t slot, std::size_t index) {
     if (gathered_slot_ != static_cast<int>(slot)) {
       owner_.slot_to_host(slot, host_slice_.data());
       span_.group().all_gather_blocks(reinterpret_cast<const char*>(host_slice_.data()), reinterpret_cast<char*>(host_state_.data()),
                                       gather_blocks_.offsets, gather_blocks_.bytes, "gathering optimizer state");
       gathered_slot_ = static_cast<int>(slot);
     }
-    return tensor_view<const stored_type>(host_state_.data() + padded_starts_[index], variables_[index].shape);
+    return tensor_view<const T>(host_state_.data() + padded_starts_[index], variables_[index].shape);
   }
   // This process's part of the values (no communication).
-  void set_state(std::size_t slot, std::size_t index, const stored_type* values) {
+  void set_state(std::size_t slot, std::size_t index, const T* values) {
     owner_.set_state(slot, index, values);  // checks the slot first: a refused call leaves the gathered slot valid
     gathered_slot_ = -1;
   }
@@ -210,12 +243,12 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
  private:
   // The rows this process sends one owner, over that owner's chunks.
   struct send_rows {
-    send_rows(const std::vector<tensor_chunk>& chunks, const std::vector<stored_type*>& rows, int variables, int device)
+    send_rows(const std::vector<tensor_chunk>& chunks, const std::vector<T*>& rows, int variables, int device)
         : chunks(chunks, device),
           rows(vector_pointer_table<Policy>(rows, variables, chunks, device, "reduce::sharded: the rows sent to an owner")),
           runs(chunks, static_cast<std::size_t>(variables)) {}
     device_chunk_table chunks;
-    device_pointer_table<stored_type> rows;
+    device_pointer_table<T> rows;
     chunks_by_variable runs;  // where a part's variables lie in chunks
   };
 
@@ -225,7 +258,7 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
   int count() const { return static_cast<int>(variables_.count()); }
 
   // The owner's optimizer reads and writes its master copy of the slice, which the gather then sends.
-  optimizer_apply<Optim, stored_type> apply(const constants_type& constants) {
+  optimizer_apply<Optim, T> apply(const constants_type& constants) {
     return {owner_.master(), owner_.state(), 1, owner_.slots(), constants, {}};
   }
 
@@ -243,8 +276,8 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
 
   // Step 1 (see the top) over the part's chunks of every owner's slice; first_nonfinite: where a checked
   // step's senders note raw values.
-  void contribute(const step_part& part, const std::vector<stored_type>& weights, nonfinite_key* first_nonfinite) {
-    contribution_agent<stored_type> agent{gradients_.const_view(), static_cast<int>(weights.size()), plan_.contributions() == 1, {},
+  void contribute(const step_part& part, const std::vector<T>& weights, nonfinite_key* first_nonfinite) {
+    contribution_agent<T, stored_type> agent{gradients_.const_view(), static_cast<int>(weights.size()), plan_.contributions() == 1, {},
                                           static_cast<unsigned>(span_.global_tower(0)), {}, first_nonfinite};
     for (std::size_t t = 0; t < weights.size(); ++t) agent.weights.value[t] = weights[t];
     for (const auto& owner : sends_) {
@@ -267,9 +300,10 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
     const auto reduced = std::chrono::steady_clock::now();
     collectives_->all_gather_blocks_on_device(owner_.master_storage(), buffers_.gathered.get(), gather_blocks_.offsets,
                                               gather_blocks_.bytes, stream.get(), "gathering parameters");
-    if (copies_.reached() > 0)
-      all_chunks_.launch<Policy>(copy_agent<stored_type>{gathered_flat_.const_view(), replicas_.view(), copies_.reached()}, stream);
-    run_copies_async(gathered_copies_, stream);
+    if (broadcast_.target_count() > 0)
+      all_chunks_.launch<Policy>(copy_agent<T, stored_type>{gathered_flat_.const_view(), replicas_.view(), broadcast_.target_count()},
+                                 stream);
+    run_copies_async(broadcast_.copies(), stream);
     owner_.end().record(stream);
     for (std::size_t t = 0; t < towers.towers(); ++t) owner_.end().make_wait(towers.stream(t));
     owner_.end().synchronize();
@@ -283,21 +317,22 @@ class sharded_process_reducer : public whole_step_as_one_part<sharded_process_re
   int device_;
   std::vector<tensor_chunk> table_;
   exchange_plan plan_;
-  gpu_owner<stored_type, Policy> owner_;  // this process's slice, its state, master and checked average
+  gpu_owner<T, Policy> owner_;  // this process's slice, its state, master and checked average
   device_chunk_table all_chunks_;
   std::vector<std::size_t> padded_starts_;  // where each variable lies in the gathered buffer and host_state_
-  exchange_buffers<stored_type, cuda_device_memory> buffers_;
+  exchange_buffers<T, cuda_device_memory> buffers_;  // mixed precision: the gathered buffer is the whole fp32 master
   tower_copies<device_buffer> copies_;      // the local towers tower 0's device does not reach: their gradients
   device_pointer_table<stored_type> gradients_;  // role = local tower (or its copy)
-  device_pointer_table<stored_type> replicas_;   // role = local tower the broadcast reaches directly (copies_.reached())
-  copy_list<stored_type> gathered_copies_;       // the new parameters into the other towers' replicas
+  gathered_broadcast<stored_type, T, cuda_device_memory> broadcast_;  // the gathered parameters into every replica
+  device_pointer_table<stored_type> replicas_;   // the copy agent's targets: broadcast_.targets()
   exchange_plan::blocks send_blocks_, receive_blocks_, gather_blocks_;  // in bytes, the same every step
-  device_pointer_table<stored_type> received_rows_;  // role = global row
-  device_pointer_table<stored_type> gathered_flat_;  // role 0: every variable, end to end, padded
+  device_pointer_table<T> received_rows_;  // role = global row
+  device_pointer_table<T> gathered_flat_;  // role 0: every variable, end to end, padded
   std::vector<std::unique_ptr<send_rows>> sends_;    // one per owner with a non-empty slice
   device_collectives* collectives_ = nullptr;
   std::unique_ptr<staged_collectives> staged_;
-  std::vector<stored_type> host_slice_, host_state_;
+  std::vector<T> host_slice_, host_state_;
+  std::vector<T> host_master_;  // mixed precision: master_on_host's copies, laid out as the gathered buffer
   int gathered_slot_ = -1;  // the state slot host_state_ holds, -1: none or stale
 };
 
