@@ -516,6 +516,15 @@ TEST_CASE("16-bit towers' gradient buckets taken during the towers change no bit
   check_mixed_for_tower_counts<reduce::sharded>(860, {}, true);
 }
 
+// reduce::automatic with 16-bit GPU towers: on one GPU it runs device0, and timing every candidate on the
+// first step (each trial compared bit for bit, the fp32 master too) leaves the run bitwise the host's.
+TEST_CASE("reduce::automatic with bf16 towers: timing every candidate changes no bit", "[gpu][backends][automatic]") {
+  pipeline_options timed;
+  timed.time_backends = 2;
+  for (std::size_t towers : {std::size_t{1}, std::size_t{4}})
+    check_mixed_on_gpu<reduce::automatic, bfloat16, layout::flat<bfloat16>>(towers, 880 + towers, timed);
+}
+
 namespace {
 using small_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, layout::flat<float>>;
 const variable_set small_variables{{"w", {16}}};

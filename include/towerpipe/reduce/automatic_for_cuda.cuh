@@ -74,9 +74,8 @@ struct automatic_space<cuda_towers<Layout>> {
   };
 };
 
-// With 16-bit GPU towers the candidate is reduce::device0 alone: p2p_tree and reduce::host for GPU towers
-// refuse them at compile time, and reduce::sharded, which takes them, is not a candidate for them yet.
-template <class Optim, class Layout, bool Mixed = !std::is_same<typename Layout::value_type, master_type_t<typename Layout::value_type>>::value>
+// Every backend for GPU towers is a candidate, with any precision (16-bit towers included).
+template <class Optim, class Layout>
 struct automatic_cuda_reducer {
   using type = automatic_reducer<
       cuda_towers<Layout>, Optim, Layout,
@@ -84,11 +83,6 @@ struct automatic_cuda_reducer {
       automatic_candidate<backend_kind::p2p_tree, typename reducer_for<exec::cuda, reduce::p2p_tree, Optim, Layout>::type>,
       automatic_candidate<backend_kind::sharded, typename reducer_for<exec::cuda, reduce::sharded, Optim, Layout>::type>,
       automatic_candidate<backend_kind::host, typename reducer_for<exec::cuda, reduce::host, Optim, Layout>::type>>;
-};
-template <class Optim, class Layout>
-struct automatic_cuda_reducer<Optim, Layout, true> {
-  using type = automatic_reducer<cuda_towers<Layout>, Optim, Layout,
-                                 automatic_candidate<backend_kind::device0, typename reducer_for<exec::cuda, reduce::device0, Optim, Layout>::type>>;
 };
 
 }  // namespace detail
