@@ -355,14 +355,13 @@ int main(int argc, char** argv) try {
     for (std::size_t towers : o.towers) {  // mixed precision: bf16 towers, fp32 master and state, on every backend
       measure<reduce::device0, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
       measure<reduce::p2p_tree, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
+      measure<reduce::sharded, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
       measure<reduce::host, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
     }
     measure_optimizers<reduce::p2p_tree, layout::flat<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::p2p_tree, layout::per_variable<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::sharded, layout::flat<float>>(model, variables, o, f, out, o.quick);
     measure_optimizers<reduce::sharded, layout::per_variable<float>>(model, variables, o, f, out, true);
-    for (std::size_t towers : o.towers)  // mixed precision on sharded: each owner's slice of the fp32 master and state
-      measure<reduce::sharded, optim::adam, layout::flat<bfloat16>>(model, variables, towers, {}, o, f, out, true);
     measure_optimizers<reduce::host, layout::flat<float>>(model, variables, o, f, out, true);
     measure_optimizers<reduce::host, layout::per_variable<float>>(model, variables, o, f, out, true);
   }
