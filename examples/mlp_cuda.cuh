@@ -27,28 +27,35 @@ namespace towerpipe_examples {
       throw std::runtime_error(std::string(#call) + " failed: " + cublasGetStatusString(status_));       \
   } while (0)
 
+// The kernels are templates (only ever of float) so that this header can be in more than one
+// translation unit (train_gpu.cu, train_gpu_mixed.cu): one that is not a template is defined in each,
+// and the link fails.
 namespace kernels {
 
 // out[e, o] = bias[o] for every example e (the GEMM then adds the product with beta = 1).
-__global__ void broadcast_bias(float* out, const float* bias, int examples, int outputs) {
+template <class T>
+__global__ void broadcast_bias(T* out, const T* bias, int examples, int outputs) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < examples * outputs) out[i] = bias[i % outputs];
 }
 
-__global__ void relu(float* values, int count) {
+template <class T>
+__global__ void relu(T* values, int count) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < count) values[i] = fmaxf(values[i], 0.0f);
 }
 
 // delta[i] = 0 where the layer's ReLU output was not positive.
-__global__ void relu_backward(float* delta, const float* activation, int count) {
+template <class T>
+__global__ void relu_backward(T* delta, const T* activation, int count) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < count && activation[i] <= 0.0f) delta[i] = 0.0f;
 }
 
 // Per example: softmax of its logits in place, its loss -log p[label] into losses[e], and the logits'
 // gradient of the mean loss, (p - onehot(label)) / examples.
-__global__ void softmax_cross_entropy(float* logits, const std::int32_t* labels, float* losses, int examples,
+template <class T>
+__global__ void softmax_cross_entropy(T* logits, const std::int32_t* labels, T* losses, int examples,
                                       int classes) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= examples) return;
@@ -63,7 +70,8 @@ __global__ void softmax_cross_entropy(float* logits, const std::int32_t* labels,
 }
 
 // Adds to *correct the examples whose largest logit (the first, on a tie) is their label's.
-__global__ void count_argmax_hits(const float* logits, const std::int32_t* labels, int examples, int classes,
+template <class T>
+__global__ void count_argmax_hits(const T* logits, const std::int32_t* labels, int examples, int classes,
                                   unsigned* correct) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= examples) return;

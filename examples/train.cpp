@@ -16,6 +16,12 @@
 #include <towerpipe/comm/mpi.hpp>
 #endif
 
+// The 16-bit towers' trainings are built in train_mixed.cpp.
+namespace towerpipe_examples::training {
+TOWERPIPE_EXAMPLES_FOR_OPTIMIZERS(extern, train_with_backend, bf16_layout)
+TOWERPIPE_EXAMPLES_FOR_OPTIMIZERS(extern, train_with_backend, fp16_layout)
+}  // namespace towerpipe_examples::training
+
 namespace {
 
 using namespace towerpipe_examples::training;
@@ -39,7 +45,16 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --transport NAME      with --ranks and GPU towers: mpi (staged in pinned host memory) | nccl
                         (NCCL only moves bytes: the same bits)                  [mpi]
   --optimizer NAME      sgd | momentum (sgd, momentum 0.9) | adam | adamw       [adam]
-  --layout NAME         flat | per_variable                                      [flat]
+  --layout NAME         flat | per_variable (--precision bf16: flat; fp16: per_variable)   [flat]
+  --precision NAME      fp32 | bf16 | fp16: the towers' parameters and gradients. bf16, fp16: 16-bit
+                        towers; the pipeline keeps an fp32 master copy (the checkpoint, the checksum),
+                        fp32 optimizer state and an fp32 average, and every step is a checked one; the
+                        model computes in fp32 (its parameters widened, its gradients rounded to
+                        16 bits to nearest even). fp16 turns on dynamic loss scaling (from 2^16,
+                        halved and the step skipped on overflow); bf16 needs none (fp32's exponent
+                        range). 16-bit towers come in one layout per precision (compile time): bf16
+                        flat, fp16 per_variable. 16-bit GPU towers: --backend auto or device0 so
+                        far                                                     [fp32]
   --no-overlap          reduce every gradient bucket after the towers (the serial step), instead of
                         each layer's bucket while the rest of the backward pass runs (the towers
                         mark each layer's gradients ready; one bucket a layer); the same bits
@@ -89,7 +104,7 @@ std::string path_value(const std::string& flag, const std::string& value) {
 options parse(int argc, char** argv) {
   options o;
   const std::vector<std::string> switches{"--resume", "--cpu-towers", "--compare-backends", "--ranks", "--no-overlap"};
-  const std::vector<std::string> valued{"--model", "--towers", "--devices", "--backend", "--optimizer", "--layout", "--epochs",
+  const std::vector<std::string> valued{"--model", "--towers", "--devices", "--backend", "--optimizer", "--layout", "--precision", "--epochs",
                                         "--batch-size", "--log-every", "--generated", "--seed", "--timeline",
                                         "--metrics", "--checkpoint", "--data", "--lr", "--transport"};
   const auto known = [](const std::vector<std::string>& flags, const std::string& flag) {
@@ -147,6 +162,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--transport") o.transport = value;
     else if (flag == "--optimizer") o.optimizer = value;
     else if (flag == "--layout") o.layout = value;
+    else if (flag == "--precision") o.precision = value;
     else if (flag == "--epochs") o.epochs = positive(flag, value);
     else if (flag == "--batch-size") o.batch_size = positive(flag, value);
     else if (flag == "--log-every") o.log_every = positive(flag, value);
@@ -206,6 +222,17 @@ options parse(int argc, char** argv) {
   one_of("--backend", o.backend, {"auto", "host", "sharded", "device0", "p2p_tree"});
   one_of("--optimizer", o.optimizer, {"sgd", "momentum", "adam", "adamw"});
   one_of("--layout", o.layout, {"flat", "per_variable"});
+  one_of("--precision", o.precision, {"fp32", "bf16", "fp16"});
+  if (const char* only = layout_of_precision(o.precision)) {
+    if (o.was_given("--layout") && o.layout != only)
+      throw usage_error("--precision " + o.precision + " trains layout::" + only + " towers only (16-bit towers come in one layout "
+                        "per precision: bf16 flat, fp16 per_variable): use --layout " + only + ", or --precision " +
+                        (o.precision == "bf16" ? "fp16" : "bf16") + " or fp32 for layout::" + o.layout);
+    o.layout = only;
+  }
+  if (o.precision == "fp16" && o.resume)
+    throw usage_error("--resume with --precision fp16: dynamic loss scaling skips steps, so a checkpoint's step count does "
+                      "not tell the epoch to resume at; resume fp32 or bf16 runs");
   const char* why_no_gpu = o.cpu_towers ? "--cpu-towers was given"
 #if defined(TOWERPIPE_EXAMPLES_GPU)
                                         : "no GPU is visible";
@@ -215,6 +242,17 @@ options parse(int argc, char** argv) {
   if (o.backend != "auto" && o.backend != "host" && o.backend != "sharded" && !o.gpu_towers)
     throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
   if (!o.devices.empty() && !o.gpu_towers) throw usage_error(std::string("--devices needs GPU towers, and ") + why_no_gpu);
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+  if (o.gpu_towers && o.precision != "fp32") {
+    const std::vector<std::string> takes = gpu_backends(o.precision);
+    if (std::find(takes.begin(), takes.end(), o.backend) == takes.end()) {
+      std::string list;
+      for (const std::string& b : takes) list += (list.empty() ? "" : " or ") + b;
+      throw usage_error("--backend " + o.backend + " does not take " + o.precision + " GPU towers yet: use --backend " + list +
+                        ", --precision fp32 or --cpu-towers");
+    }
+  }
+#endif
 #if !defined(TOWERPIPE_EXAMPLES_CUDNN)
   if (o.model == "cnn" && o.gpu_towers)
     throw usage_error("--model cnn on GPU towers needs cuDNN, which this build of the program lacks; add --cpu-towers");
@@ -224,20 +262,14 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-template <class Optim, class Layout>
-run_result with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  if (o.backend == "auto" && !o.gpu_towers) return train<exec::host, reduce::automatic, Optim, Layout>(o, data, h);
-  if (o.backend == "sharded" && !o.gpu_towers) return train<exec::host, reduce::sharded, Optim, Layout>(o, data, h);
-#if defined(TOWERPIPE_EXAMPLES_GPU)
-  if (o.gpu_towers) return train_on_gpus<Optim, Layout>(o, data, h);
-#endif
-  return train<exec::host, reduce::host, Optim, Layout>(o, data, h);
-}
-
+// fp32 towers in either layout build here; 16-bit ones, one layout per precision, in train_mixed.cpp
+// (declared extern above).
 template <class Optim>
 run_result with_layout(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  if (o.layout == "flat") return with_backend<Optim, layout::flat<float>>(o, data, h);
-  return with_backend<Optim, layout::per_variable<float>>(o, data, h);
+  if (o.precision == "bf16") return train_with_backend<Optim, bf16_layout>(o, data, h);
+  if (o.precision == "fp16") return train_with_backend<Optim, fp16_layout>(o, data, h);
+  if (o.layout == "flat") return train_with_backend<Optim, layout::flat<float>>(o, data, h);
+  return train_with_backend<Optim, layout::per_variable<float>>(o, data, h);
 }
 
 run_result dispatch(const options& o, const image_dataset& data) {
@@ -262,10 +294,16 @@ run_result dispatch(const options& o, const image_dataset& data) {
 // runs also with --no-overlap: it reduces buckets while the towers run (so do every other backend where
 // no buffer is copied whole, p2p_tree not with poison_gradients).
 int compare_backends(const options& given, const image_dataset& data) {
-  const std::vector<std::string> backends =
-      given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree", "sharded"} : std::vector<std::string>{"host", "sharded"};
-  const std::vector<std::string> layouts =
-      given.was_given("--layout") ? std::vector<std::string>{given.layout} : std::vector<std::string>{"flat", "per_variable"};
+  std::vector<std::string> backends{"host", "sharded"};
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+  if (given.gpu_towers) {  // those GPU towers of this precision take (gpu_backends), but auto, which is one of them
+    backends = gpu_backends(given.precision);
+    backends.erase(std::find(backends.begin(), backends.end(), "auto"));
+  }
+#endif
+  const std::vector<std::string> layouts = given.was_given("--layout") || given.precision != "fp32"
+                                              ? std::vector<std::string>{given.layout}
+                                              : std::vector<std::string>{"flat", "per_variable"};
   std::vector<run_result> results;
   for (const std::string& layout : layouts) {
     for (const std::string& backend : backends) {
@@ -280,8 +318,8 @@ int compare_backends(const options& given, const image_dataset& data) {
       }
     }
   }
-  std::printf("\ncompare: %zu %s towers, %s, %s, %zu epochs of batch %zu, seed %llu\n", given.towers,
-              given.gpu_towers ? "GPU" : "host", given.model.c_str(), given.optimizer.c_str(), given.epochs,
+  std::printf("\ncompare: %zu %s %s towers, %s, %s, %zu epochs of batch %zu, seed %llu\n", given.towers,
+              given.precision.c_str(), given.gpu_towers ? "GPU" : "host", given.model.c_str(), given.optimizer.c_str(), given.epochs,
               given.batch_size, static_cast<unsigned long long>(given.seed));
   std::printf("| backend | layout | overlap | examples/s | step median ms | step p99 ms | reduce share | reduce during towers | "
               "test accuracy | parameters checksum |\n");

@@ -29,6 +29,7 @@
 #include "datasets.hpp"
 #include "classifier.hpp"
 #include "gemm.hpp"
+#include "mixed_precision.hpp"
 
 namespace towerpipe_examples::training {
 
@@ -39,6 +40,9 @@ struct options {
   std::vector<int> devices;
   bool cpu_towers = false, gpu_towers = false;
   std::string model = "mlp", backend, optimizer = "adam", layout = "flat";
+  // --precision: the towers' parameters and gradients in fp32, or in bf16 / fp16 (16-bit towers: the
+  // pipeline keeps an fp32 master, the models compute in fp32 through mixed_precision.hpp).
+  std::string precision = "fp32";
   std::size_t epochs = 15, batch_size = 128, log_every = 100, generated = 0;
   double lr = -1;
   std::uint64_t seed = 1;
@@ -59,6 +63,18 @@ struct options {
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// 16-bit towers come in one layout per precision: bf16 flat, fp16 per_variable. Each combination of
+// precision and layout is a pipeline per optimizer and backend to compile (host and GPU towers); both
+// layouts of both precisions would double the compile time the 16-bit towers add to the build
+// (measured: host 2 x ~60 s, GPU 2 x ~55 s of CPU for device0 and auto alone, more with each backend
+// that takes 16-bit GPU towers). (Spelled towerpipe::bfloat16: OpenBLAS's cblas.h declares a global one.)
+using bf16_layout = layout::flat<towerpipe::bfloat16>;
+using fp16_layout = layout::per_variable<towerpipe::float16>;
+// The layout --precision trains (fp32: both, --layout chooses).
+inline const char* layout_of_precision(const std::string& precision) {
+  return precision == "bf16" ? bf16_layout::name : precision == "fp16" ? fp16_layout::name : nullptr;
+}
 
 
 // A fingerprint of every parameter's bits: two runs print the same value exactly when they end bitwise equal.
@@ -164,11 +180,14 @@ inline double share_during_towers(const stage_seconds& totals) {
   return all > 0 ? totals.reduce_during_towers / all : 0.0;
 }
 
-// GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, and the training
-// with GPU towers for one optimizer and layout (backend from o.backend).
+// GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, the training
+// with GPU towers for one optimizer and layout (backend from o.backend; train_gpu.cuh), and the
+// --backend names GPU towers of a precision train through (fp32: all of them; 16-bit: those that take
+// 16-bit GPU towers so far, "auto" among them).
 int visible_gpus();
 template <class Optim, class Layout>
 run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h);
+std::vector<std::string> gpu_backends(const std::string& precision);
 #if defined(TOWERPIPE_EXAMPLES_NCCL)
 // --transport nccl: the processes of `comm` as an NCCL group, this one on `device` (train_gpu.cu).
 std::shared_ptr<process_group> nccl_group(MPI_Comm comm, int device);
@@ -201,24 +220,40 @@ auto ready_marks(Context& tower, bool mark) {
 }
 
 // How one tower computes its gradients: host towers through the model's own code (OpenBLAS), GPU towers
-// through mlp_cuda.cuh or cnn_cudnn.cuh (train_gpu.cu specialises this).
-template <class Exec>
+// through mlp_cuda.cuh or cnn_cudnn.cuh (train_gpu.cuh specialises this). fp32 towers hand the model
+// their own parameters and gradients; 16-bit towers (Stored bfloat16 or float16) fp32 scratch
+// (mixed_precision.hpp), their gradients times the loss scale, and return the scaled loss.
+template <class Exec, class Stored>
 struct tower_program {
   const classifier& model;
   bool mark_ready;
-  tower_program(const classifier& m, const options& o) : model(m), mark_ready(o.overlap) {}
+  float loss_scale = 1;  // pipeline::loss_scale(), set before each step
+  std::vector<fp32_scratch<Stored, host_conversions>> scratch;  // 16-bit towers: one per tower
+  tower_program(const classifier& m, const options& o) : model(m), mark_ready(o.overlap), scratch(o.towers) {}
   template <class Context>
-  double operator()(Context& tower) const {
-    return model.loss_and_gradient(
-        tower.template input<float>("image"), tower.template input<std::int32_t>("label"),
-        [&](std::size_t i) { return tower.parameter(i).data(); }, [&](std::size_t i) { return tower.gradient(i).data(); },
-        ready_marks(tower, mark_ready));
+  double operator()(Context& tower) {
+    const auto images = tower.template input<float>("image");
+    const auto labels = tower.template input<std::int32_t>("label");
+    if constexpr (std::is_same_v<Stored, float>) {
+      return model.loss_and_gradient(
+          images, labels, [&](std::size_t i) { return tower.parameter(i).data(); },
+          [&](std::size_t i) { return tower.gradient(i).data(); }, ready_marks(tower, mark_ready));
+    } else {
+      auto& fp32 = scratch[tower.tower()];
+      fp32.widen_parameters(tower);
+      const double loss = model.loss_and_gradient(
+          images, labels, [&](std::size_t i) -> const float* { return fp32.parameter(i); },
+          [&](std::size_t i) { return fp32.gradient(i); }, fp32.ready_marks(tower, mark_ready, loss_scale));
+      fp32.narrow_rest(tower, loss_scale);
+      return loss * loss_scale;
+    }
   }
 };
 
 template <class Exec, class Reduce, class Optim, class Layout>
 run_result train(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
   using trainer = pipeline<Exec, Reduce, Optim, Layout>;
+  using stored = typename trainer::stored_type;
   const classifier model(o.model, data.train.features);
   timeline trace;
   pipeline_options pipeline_opts;
@@ -226,6 +261,9 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
   pipeline_opts.buckets = per_layer_buckets(model.variables());
   pipeline_opts.overlap_reduction = o.overlap;
+  // fp16's 5-bit exponent flushes small gradients to zero: dynamic loss scaling (GradScaler's rules)
+  // lifts them into its range. bf16 has fp32's exponent range and needs none.
+  if constexpr (std::is_same_v<stored, towerpipe::float16>) pipeline_opts.loss_scale.mode = loss_scale_mode::dynamic;
   if constexpr (std::is_same_v<Reduce, reduce::sharded> || std::is_same_v<Reduce, reduce::automatic>) pipeline_opts.processes = o.group;
   // Checked before the pipeline allocates anything: a batch gives every tower of every process an example.
   if (o.batch_size < o.towers * static_cast<std::size_t>(o.processes))
@@ -283,6 +321,15 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
               std::is_same_v<Exec, exec::host> ? "host" : "GPU",
               o.processes > 1 ? (" in each of " + std::to_string(o.processes) + " processes").c_str() : "", p.backend_name(),
               o.optimizer.c_str(), Layout::name, o.batch_size, o.lr);
+  if constexpr (std::is_same_v<stored, float>)
+    std::printf("precision: fp32 towers\n");
+  else
+    std::printf("precision: %s towers (16-bit parameters and gradients; fp32 master, optimizer state and average; "
+                "the model computes in fp32)\n",
+                o.precision.c_str());
+  if (p.loss_scaling_on())
+    std::printf("loss scaling: dynamic, from %g (halved and the step skipped on overflow, doubled after %lld good steps)\n",
+                p.loss_scale(), static_cast<long long>(pipeline_opts.loss_scale.growth_interval));
 
   const std::size_t features = data.train.features;
   // With several processes each stages its towers' part of the batch, as one process would cut it.
@@ -302,7 +349,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
     next.add("label", buffers.labels[slot].data(), local_examples, {});
     p.stage(next);
   };
-  tower_program<Exec> program(model, o);
+  tower_program<Exec, stored> program(model, o);
   const auto tower_step = [&](typename trainer::tower_context& tower) { return program(tower); };
 
   test_evaluator<Exec> test_accuracy(model, data.test);
@@ -312,6 +359,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   const long long all_steps = static_cast<long long>(o.epochs * batches_per_epoch);
   stage_seconds stage_totals;
   std::size_t buckets = 1, buckets_during_towers = 0;  // a step's buckets; those reduced during the towers, over the run
+  std::size_t skipped_steps = 0;  // a non-finite average: with loss scaling, an overflow (the scale halves)
   step_times run_times;
   // The log interval: examples, loss and wall time since the last progress line.
   std::size_t interval_steps = 0, interval_examples = 0;
@@ -326,8 +374,12 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
     stage_batch(order, 0, 0);
     for (std::size_t b = 0; b < batches_per_epoch; ++b) {
       if (b + 1 < batches_per_epoch) stage_batch(order, b + 1, static_cast<int>((b + 1) % 2));
+      program.loss_scale = static_cast<float>(p.loss_scale());
       const step_stats stats = p.step(tower_step);
+      skipped_steps += stats.skipped ? 1 : 0;
       ++total_steps;
+      // The batch's number: the optimizer's step, but for the steps skipped (stats.step repeats after one).
+      const long long batch_step = static_cast<long long>(first_epoch * batches_per_epoch + total_steps);
       stage_totals.split += stats.stages.split;
       stage_totals.towers += stats.stages.towers;
       stage_totals.reduce += stats.stages.reduce;
@@ -339,17 +391,16 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
       run_times.seconds.push_back(stats.seconds);
       ++interval_steps;
       interval_examples += stats.examples;
-      interval_loss += stats.loss;
-      if (stats.step % static_cast<std::int64_t>(o.log_every) == 0) {
+      interval_loss += stats.loss / stats.loss_scale;  // the towers return the scaled loss
+      if (batch_step % static_cast<long long>(o.log_every) == 0) {
         const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - interval_start).count();
         const double per_step = wall / static_cast<double>(interval_steps);
         const double rate = static_cast<double>(interval_examples) / wall;
         const double loss = interval_loss / static_cast<double>(interval_steps);
-        std::printf("step %lld/%lld, loss = %.4f (%.1f examples/sec; %.2f ms/batch; ETA %s)\n",
-                    static_cast<long long>(stats.step), all_steps, loss, rate, per_step * 1e3,
-                    duration_text(per_step * static_cast<double>(all_steps - stats.step)).c_str());
+        std::printf("step %lld/%lld, loss = %.4f (%.1f examples/sec; %.2f ms/batch; ETA %s)\n", batch_step, all_steps,
+                    loss, rate, per_step * 1e3, duration_text(per_step * static_cast<double>(all_steps - batch_step)).c_str());
         if (metrics.is_open())
-          metrics << stats.step << "," << epoch + 1 << "," << loss << "," << rate << "," << per_step * 1e3 << ",\n";
+          metrics << batch_step << "," << epoch + 1 << "," << loss << "," << rate << "," << per_step * 1e3 << ",\n";
         interval_steps = interval_examples = 0;
         interval_loss = 0;
         interval_start = std::chrono::steady_clock::now();
@@ -381,6 +432,8 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
               accuracy, o.epochs, total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0,
               static_cast<unsigned long long>(parameter_checksum(p)));
   std::printf("step time: %s\n", run_times.summary().c_str());
+  if (p.loss_scaling_on())
+    std::printf("loss scale: %g at the end; %zu of %zu steps skipped (overflow)\n", p.loss_scale(), skipped_steps, total_steps);
   if (metrics.is_open()) std::printf("metrics: %s\n", o.metrics_path.c_str());
   if (total_steps > 0) {
     const double per_step_ms = 1e3 / static_cast<double>(total_steps);
@@ -412,5 +465,28 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   result.checksum = parameter_checksum(p);
   return result;
 }
+
+// The training of one optimizer and layout with host or GPU towers (backend from o.backend). train.cpp
+// builds it for fp32 towers, train_mixed.cpp for 16-bit ones: translation units of their own, which
+// build in parallel.
+template <class Optim, class Layout>
+run_result train_with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+  if (o.backend == "auto" && !o.gpu_towers) return train<exec::host, reduce::automatic, Optim, Layout>(o, data, h);
+  if (o.backend == "sharded" && !o.gpu_towers) return train<exec::host, reduce::sharded, Optim, Layout>(o, data, h);
+#if defined(TOWERPIPE_EXAMPLES_GPU)
+  if (o.gpu_towers) return train_on_gpus<Optim, Layout>(o, data, h);
+#endif
+  return train<exec::host, reduce::host, Optim, Layout>(o, data, h);
+}
+
+// Explicit instantiations of `Function` (train_with_backend, train_on_gpus) for every optimizer (sgd
+// also runs momentum) with `Layout`: Prefix empty where they are built, `extern` where only called.
+#define TOWERPIPE_EXAMPLES_FOR_OPTIMIZERS(Prefix, Function, Layout)                                                    \
+  Prefix template run_result Function<optim::sgd, Layout>(const options&, const image_dataset&,                     \
+                                                          const optim::sgd::hyper_parameters&);                      \
+  Prefix template run_result Function<optim::adam, Layout>(const options&, const image_dataset&,                    \
+                                                           const optim::adam::hyper_parameters&);                    \
+  Prefix template run_result Function<optim::adamw, Layout>(const options&, const image_dataset&,                   \
+                                                            const optim::adamw::hyper_parameters&);
 
 }  // namespace towerpipe_examples::training

@@ -1,5 +1,6 @@
 # The training program end to end, on GENERATED data (CI has no Fashion-MNIST): it trains, every
-# optimizer x layout runs, bad flags and files give a one-line error and a non-zero exit, the
+# optimizer x layout x precision runs, 16-bit towers (--precision bf16, fp16) train and agree across
+# backends bitwise, bad flags and files give a one-line error and a non-zero exit, the
 # timeline holds every stage of every step, the gradient buckets reduced during the towers change no
 # bit (--no-overlap), and resuming from a checkpoint ends bitwise where the uninterrupted run ends.
 # Run as: cmake -DTRAIN=<path> -DWORK=<dir> -P train_program.cmake
@@ -92,6 +93,29 @@ final_field("${out}" "final: test accuracy ([0-9.]+)%" last)
 if(last LESS 60 OR last LESS first)
   message(FATAL_ERROR "accuracy ${first}% -> ${last}%: not learning\n${out}")
 endif()
+if(NOT out MATCHES "\nprecision: fp32 towers\n")
+  message(FATAL_ERROR "the header must name the towers' precision (fp32 by default):\n${out}")
+endif()
+final_field("${out}" "parameters checksum ([0-9a-f]+)" fp32_checksum)
+# 16-bit towers: the same training with bf16 (no loss scaling) and fp16 towers (dynamic loss scaling,
+# on by default) learns as well, and ends elsewhere than fp32 towers do (the towers really are 16-bit:
+# their parameters rounded, their gradients narrowed).
+foreach(precision bf16 fp16)
+  run_train(out 0 ${small} --epochs=3 --towers 3 --lr=0.01 --precision ${precision})
+  final_field("${out}" "final: test accuracy ([0-9.]+)%" accuracy)
+  final_field("${out}" "parameters checksum ([0-9a-f]+)" checksum)
+  if(accuracy LESS 60 OR checksum STREQUAL fp32_checksum OR
+     NOT out MATCHES "\nprecision: ${precision} towers \\(16-bit parameters and gradients; fp32 master")
+    message(FATAL_ERROR "--precision ${precision}: accuracy ${accuracy}%, checksum ${checksum} (fp32: ${fp32_checksum}):\n${out}")
+  endif()
+  if(precision STREQUAL "fp16")
+    if(NOT out MATCHES "\nloss scaling: dynamic, from 65536 " OR NOT out MATCHES "\nloss scale: [0-9]+ at the end; [0-9]+ of 45 steps skipped")
+      message(FATAL_ERROR "--precision fp16 must turn dynamic loss scaling on and report it:\n${out}")
+    endif()
+  elseif(out MATCHES "loss scal")
+    message(FATAL_ERROR "--precision ${precision} needs no loss scaling:\n${out}")
+  endif()
+endforeach()
 # The BLAS line names the library and the kernel it took; where OpenBLAS took a kernel with narrower
 # vectors than the CPU has (forced here: Prescott, no AVX2; Haswell, AVX2 on a CPU with AVX-512),
 # --openblas-core names one that fits, and the run says so. Expected cores from /proc/cpuinfo's flags.
@@ -161,10 +185,21 @@ if(NOT out MATCHES "^train — ")
   message(FATAL_ERROR "-h must print the usage: ${out}")
 endif()
 
-# Every optimizer and layout runs.
+# Every optimizer, layout and precision runs (16-bit towers: one layout per precision, the one it
+# takes without --layout).
 foreach(optimizer sgd momentum adam adamw)
   foreach(layout flat per_variable)
     run_train(out 0 --generated 200 --batch-size 20 --epochs 1 --optimizer ${optimizer} --layout ${layout})
+  endforeach()
+  foreach(precision_layout "bf16|flat" "fp16|per_variable")
+    string(REPLACE "|" ";" precision_layout "${precision_layout}")
+    list(GET precision_layout 0 precision)
+    list(GET precision_layout 1 layout)
+    run_train(out 0 --generated 200 --batch-size 20 --epochs 1 --optimizer ${optimizer} --precision ${precision})
+    if(NOT out MATCHES ", layout::${layout}, ")
+      message(FATAL_ERROR "--precision ${precision} must train layout::${layout} towers:\n${out}")
+    endif()
+    run_train(out 0 --generated 200 --batch-size 20 --epochs 1 --optimizer ${optimizer} --precision ${precision} --layout ${layout})
   endforeach()
 endforeach()
 
@@ -201,6 +236,22 @@ endforeach()
 if(NOT out MATCHES "checksums: all equal")
   message(FATAL_ERROR "--compare-backends must end every run with the same checksum:\n${out}")
 endif()
+# With 16-bit towers too (in their precision's layout): every backend ends with bitwise the same fp32
+# master (exit 1 if not), fp16 with its loss scaling.
+foreach(precision_layout "bf16|flat" "fp16|per_variable")
+  string(REPLACE "|" ";" precision_layout "${precision_layout}")
+  list(GET precision_layout 0 precision)
+  list(GET precision_layout 1 layout)
+  run_train(out 0 --cpu-towers --compare-backends --precision ${precision} --generated 200 --batch-size 20 --epochs 1 --towers 3)
+  foreach(row "host \\| ${layout} \\| on" "host \\| ${layout} \\| off" "sharded \\| ${layout} \\| on")
+    if(NOT out MATCHES "\n\\| ${row} \\| ${figures}\n")
+      message(FATAL_ERROR "--compare-backends --precision ${precision} must print a row '${row}':\n${out}")
+    endif()
+  endforeach()
+  if(NOT out MATCHES "compare: 3 ${precision} host towers" OR NOT out MATCHES "checksums: all equal")
+    message(FATAL_ERROR "--compare-backends --precision ${precision} must end every run with the same checksum:\n${out}")
+  endif()
+endforeach()
 
 # Bad input: one line, non-zero.
 foreach(case "--towers;x|--towers needs a positive whole number"
@@ -209,6 +260,10 @@ foreach(case "--towers;x|--towers needs a positive whole number"
              "--towers;0|--towers needs a positive whole number"
              "--optimizer;rmsprop|--optimizer 'rmsprop' is not one of"
              "--layout;dense|--layout 'dense' is not one of"
+             "--precision;fp64|--precision 'fp64' is not one of fp32 . bf16 . fp16$"
+             "--precision;fp16;--resume;--checkpoint;${WORK}/fp16|--resume with --precision fp16: dynamic loss scaling skips steps"
+             "--precision;bf16;--layout;per_variable|--precision bf16 trains layout::flat towers only .*: use --layout flat, or --precision fp16 or fp32 for layout::per_variable$"
+             "--precision;fp16;--layout;flat|--precision fp16 trains layout::per_variable towers only .*: use --layout per_variable, or --precision bf16 or fp32 for layout::flat$"
              "--backend;device0;--cpu-towers|needs GPU towers"  # invalid with or without a GPU
              "--transport;tcp|--transport 'tcp' is not one of mpi"
              "--transport;nccl|--transport chooses how --ranks exchange: it needs --ranks"
@@ -303,6 +358,16 @@ final_field("${straight}" "parameters checksum ([0-9a-f]+)" a)
 final_field("${second}" "parameters checksum ([0-9a-f]+)" b)
 if(NOT a STREQUAL b OR NOT second MATCHES "resumed from")
   message(FATAL_ERROR "resumed run ends at ${b}, the uninterrupted one at ${a}\n${second}")
+endif()
+# The same with bf16 towers: the checkpoint holds the fp32 master, and the resumed run ends bitwise
+# where the uninterrupted one does.
+run_train(straight 0 ${small} --epochs 2 --precision bf16 --checkpoint ${WORK}/bf16_straight)
+run_train(first 0 ${small} --epochs 1 --precision bf16 --checkpoint ${WORK}/bf16_resumed)
+run_train(second 0 ${small} --epochs 2 --precision bf16 --checkpoint ${WORK}/bf16_resumed --resume)
+final_field("${straight}" "parameters checksum ([0-9a-f]+)" a)
+final_field("${second}" "parameters checksum ([0-9a-f]+)" b)
+if(NOT a STREQUAL b OR NOT second MATCHES "resumed from")
+  message(FATAL_ERROR "--precision bf16: resumed run ends at ${b}, the uninterrupted one at ${a}\n${second}")
 endif()
 file(WRITE ${WORK}/resumed/towerpipe.ckpt "damaged")
 run_train(out 1 ${small} --epochs 2 --checkpoint ${WORK}/resumed --resume)
