@@ -11,9 +11,6 @@ int visible_gpus() { return towerpipe::detail::cuda_device_count(); }
 #if defined(TOWERPIPE_EXAMPLES_NCCL)
 std::shared_ptr<process_group> nccl_group(MPI_Comm comm, int device) { return nccl_process_group_over_mpi(comm, device); }
 #endif
-std::vector<std::string> gpu_backends(const std::string& precision) {
-  return precision == "fp32" ? fp32_gpu_backends::names() : mixed_gpu_backends::names();
-}
 
 TOWERPIPE_EXAMPLES_FOR_OPTIMIZERS(, train_on_gpus, layout::flat<float>)
 TOWERPIPE_EXAMPLES_FOR_OPTIMIZERS(, train_on_gpus, layout::per_variable<float>)

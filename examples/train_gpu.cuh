@@ -1,6 +1,6 @@
 #pragma once
 // The training program's GPU towers (examples/train.cpp has the rest): their program, their evaluation
-// and the backends they train through. train_gpu.cu builds fp32 towers' trainings, train_gpu_mixed.cu
+// and their training through the backend --backend names. train_gpu.cu builds fp32 towers' trainings, train_gpu_mixed.cu
 // the 16-bit ones (a translation unit each: compile time), both with nvcc only where the CUDA toolkit
 // is, so that the host-tower program builds with the C++ compiler alone.
 #include <towerpipe/cuda.cuh>
@@ -201,39 +201,14 @@ struct test_evaluator<exec::cuda> {
   }
 };
 
-// The --backend name of a reduction policy: its own name, but "auto" for reduce::automatic.
-template <class Reduce>
-inline constexpr const char* backend_flag = std::is_same_v<Reduce, reduce::automatic> ? "auto" : Reduce::name;
-
-// The backends GPU towers train through.
-template <class... Reduce>
-struct backend_list {
-  static std::vector<std::string> names() { return {backend_flag<Reduce>...}; }
-  // The training through the backend o.backend names (parse() checked it is one of these).
-  template <class Optim, class Layout>
-  static run_result train_with(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-    std::optional<run_result> result;
-    ((!result && o.backend == backend_flag<Reduce> ? void(result = train<exec::cuda, Reduce, Optim, Layout>(o, data, h))
-                                                          : void()),
-     ...);
-    if (!result) throw usage_error("--backend " + o.backend + " does not take these GPU towers");
-    return *result;
-  }
-};
-
-using fp32_gpu_backends = backend_list<reduce::automatic, reduce::host, reduce::device0, reduce::p2p_tree, reduce::sharded>;
-// >>> 16-bit GPU towers: the backends that take them so far. reduce::p2p_tree, and reduce::host and
-// reduce::sharded with GPU towers, stop compilation on 16-bit GPU towers today (a static_assert); once
-// they take them, add them HERE (and nothing else: --backend, --compare-backends and the usage errors
-// follow this list). reduce::automatic picks device0 for 16-bit GPU towers (reduce/automatic_for_cuda.cuh).
-using mixed_gpu_backends = backend_list<reduce::automatic, reduce::device0>;
-// <<<
-template <class Stored>
-using gpu_backends_of = std::conditional_t<std::is_same_v<Stored, float>, fp32_gpu_backends, mixed_gpu_backends>;
-
+// Every backend takes GPU towers of every precision.
 template <class Optim, class Layout>
 run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  return gpu_backends_of<typename Layout::value_type>::template train_with<Optim, Layout>(o, data, h);
+  if (o.backend == "auto") return train<exec::cuda, reduce::automatic, Optim, Layout>(o, data, h);
+  if (o.backend == "device0") return train<exec::cuda, reduce::device0, Optim, Layout>(o, data, h);
+  if (o.backend == "p2p_tree") return train<exec::cuda, reduce::p2p_tree, Optim, Layout>(o, data, h);
+  if (o.backend == "sharded") return train<exec::cuda, reduce::sharded, Optim, Layout>(o, data, h);
+  return train<exec::cuda, reduce::host, Optim, Layout>(o, data, h);
 }
 
 }  // namespace training

@@ -1,6 +1,6 @@
 // The training program's 16-bit GPU towers (train --precision bf16 | fp16 with GPU towers): their
-// trainings, through the backends that take them (mixed_gpu_backends in train_gpu.cuh), in a
-// translation unit of their own so that it compiles in parallel with train_gpu.cu.
+// trainings through every backend, in a translation unit of their own so that it compiles in parallel
+// with train_gpu.cu.
 #include "train_gpu.cuh"
 
 namespace towerpipe_examples::training {

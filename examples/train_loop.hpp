@@ -65,10 +65,11 @@ struct usage_error : std::runtime_error {
 };
 
 // 16-bit towers come in one layout per precision: bf16 flat, fp16 per_variable. Each combination of
-// precision and layout is a pipeline per optimizer and backend to compile (host and GPU towers); both
-// layouts of both precisions would double the compile time the 16-bit towers add to the build
-// (measured: host 2 x ~60 s, GPU 2 x ~55 s of CPU for device0 and auto alone, more with each backend
-// that takes 16-bit GPU towers). (Spelled towerpipe::bfloat16: OpenBLAS's cblas.h declares a global one.)
+// precision and layout is a pipeline per optimizer and backend to compile, for host and GPU towers: as
+// measured (2-core dev machine, shared), these two cost train_mixed.cpp ~47 s and train_gpu_mixed.cu
+// (every backend) ~115 s of CPU; both layouts of both precisions would double that (host towers' four:
+// 2 x ~65 s).
+// (Spelled towerpipe::bfloat16: OpenBLAS's cblas.h declares a global bfloat16.)
 using bf16_layout = layout::flat<towerpipe::bfloat16>;
 using fp16_layout = layout::per_variable<towerpipe::float16>;
 // The layout --precision trains (fp32: both, --layout chooses).
@@ -78,6 +79,7 @@ inline const char* layout_of_precision(const std::string& precision) {
 
 
 // A fingerprint of every parameter's bits: two runs print the same value exactly when they end bitwise equal.
+// With 16-bit towers, of the fp32 master (what pipeline::parameter returns, and checkpoints keep).
 template <class Pipeline>
 std::uint64_t parameter_checksum(const Pipeline& p) {
   std::uint64_t hash = fnv1a_basis;
@@ -180,14 +182,11 @@ inline double share_during_towers(const stage_seconds& totals) {
   return all > 0 ? totals.reduce_during_towers / all : 0.0;
 }
 
-// GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, the training
-// with GPU towers for one optimizer and layout (backend from o.backend; train_gpu.cuh), and the
-// --backend names GPU towers of a precision train through (fp32: all of them; 16-bit: those that take
-// 16-bit GPU towers so far, "auto" among them).
+// GPU towers, where the program was built with them (train_gpu.cu): the visible GPUs, and the training
+// with GPU towers for one optimizer and layout (backend from o.backend; train_gpu.cuh).
 int visible_gpus();
 template <class Optim, class Layout>
 run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h);
-std::vector<std::string> gpu_backends(const std::string& precision);
 #if defined(TOWERPIPE_EXAMPLES_NCCL)
 // --transport nccl: the processes of `comm` as an NCCL group, this one on `device` (train_gpu.cu).
 std::shared_ptr<process_group> nccl_group(MPI_Comm comm, int device);
