@@ -37,6 +37,8 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --backend NAME        auto | host | sharded | device0 | p2p_tree (the last two: GPU towers);
                         auto: reduce::automatic picks one from the towers' topology and the
                         program prints which and why                            [auto]
+  --time-backends N     with --backend auto: time every candidate backend N times on the first step
+                        and keep the fastest (each trial's result compared bit for bit)       [0: off]
   --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
                         --towers towers in each (GPU towers where visible, their exchange staged
                         through pinned host memory), --batch-size split over every process's towers
@@ -106,7 +108,7 @@ options parse(int argc, char** argv) {
   const std::vector<std::string> switches{"--resume", "--cpu-towers", "--compare-backends", "--ranks", "--no-overlap"};
   const std::vector<std::string> valued{"--model", "--towers", "--devices", "--backend", "--optimizer", "--layout", "--precision", "--epochs",
                                         "--batch-size", "--log-every", "--generated", "--seed", "--timeline",
-                                        "--metrics", "--checkpoint", "--data", "--lr", "--transport"};
+                                        "--metrics", "--checkpoint", "--data", "--lr", "--transport", "--time-backends"};
   const auto known = [](const std::vector<std::string>& flags, const std::string& flag) {
     return std::find(flags.begin(), flags.end(), flag) != flags.end();
   };
@@ -166,6 +168,7 @@ options parse(int argc, char** argv) {
     else if (flag == "--epochs") o.epochs = positive(flag, value);
     else if (flag == "--batch-size") o.batch_size = positive(flag, value);
     else if (flag == "--log-every") o.log_every = positive(flag, value);
+    else if (flag == "--time-backends") o.time_backends = positive(flag, value);
     else if (flag == "--generated") {
       o.generated = positive(flag, value);
       if (o.generated > 10000000) throw usage_error("--generated " + value + ": at most 10000000 examples (784 floats each)");
@@ -209,6 +212,8 @@ options parse(int argc, char** argv) {
     throw usage_error("--ranks needs MPI, which this build of the program lacks (Debian: libopenmpi-dev)");
 #endif
     if (o.compare_backends) throw usage_error("--ranks runs one training: it takes no --compare-backends");
+    if (o.time_backends > 0)
+      throw usage_error("--ranks trains with reduce::sharded, the only backend that spans processes: --time-backends has nothing to time");
     if (!o.backend.empty() && o.backend != "sharded" && o.backend != "auto")
       throw usage_error("--ranks trains with --backend sharded (which auto picks), not " + o.backend);
   }
@@ -218,6 +223,8 @@ options parse(int argc, char** argv) {
     }
   }
   if (o.backend.empty()) o.backend = "auto";
+  if (o.time_backends > 0 && o.backend != "auto")
+    throw usage_error("--time-backends times reduce::automatic's candidates: it needs --backend auto, not " + o.backend);
   one_of("--model", o.model, {"mlp", "cnn"});
   one_of("--backend", o.backend, {"auto", "host", "sharded", "device0", "p2p_tree"});
   one_of("--optimizer", o.optimizer, {"sgd", "momentum", "adam", "adamw"});

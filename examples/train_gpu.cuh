@@ -52,11 +52,13 @@ struct cuda_conversions {
   static float* data(buffer& b) { return b.get(); }
   template <class Context, class Stored>
   static void widen(const Context& tower, float* to, const Stored* from, std::size_t count) {
+    if (count == 0) return;  // a launch of no blocks is an error
     kernels::widen<<<kernels::blocks_of(count), 256, 0, tower.stream()>>>(to, from, count);
     TOWERPIPE_CUDA_CHECK(cudaGetLastError());
   }
   template <class Context, class Stored>
   static void narrow(const Context& tower, Stored* to, const float* from, std::size_t count, float scale) {
+    if (count == 0) return;
     kernels::narrow<<<kernels::blocks_of(count), 256, 0, tower.stream()>>>(to, from, count, scale);
     TOWERPIPE_CUDA_CHECK(cudaGetLastError());
   }

@@ -44,6 +44,7 @@ struct options {
   // pipeline keeps an fp32 master, the models compute in fp32 through mixed_precision.hpp).
   std::string precision = "fp32";
   std::size_t epochs = 15, batch_size = 128, log_every = 100, generated = 0;
+  std::size_t time_backends = 0;  // --time-backends: pipeline_options::time_backends (reduce::automatic)
   double lr = -1;
   std::uint64_t seed = 1;
   std::string timeline_path, metrics_path, checkpoint_dir, data_dir = "/usr/share/datasets/fashion-mnist";
@@ -260,6 +261,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   if (!o.timeline_path.empty()) pipeline_opts.trace = &trace;
   pipeline_opts.buckets = per_layer_buckets(model.variables());
   pipeline_opts.overlap_reduction = o.overlap;
+  pipeline_opts.time_backends = o.time_backends;
   // fp16's 5-bit exponent flushes small gradients to zero: dynamic loss scaling (GradScaler's rules)
   // lifts them into its range. bf16 has fp32's exponent range and needs none.
   if constexpr (std::is_same_v<stored, towerpipe::float16>) pipeline_opts.loss_scale.mode = loss_scale_mode::dynamic;
@@ -414,7 +416,8 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
                 epoch + 1, o.epochs, accuracy, static_cast<double>(batches_per_epoch * o.batch_size) / seconds,
                 epoch_times.seconds[epoch_times.seconds.size() / 2] * 1e3, epoch_times.seconds.back() * 1e3);
     if (metrics.is_open()) {
-      metrics << p.steps_done() << "," << epoch + 1 << ",,,," << accuracy << "\n" << std::flush;
+      // The batch count, as the progress rows count (p.steps_done() leaves out skipped steps).
+      metrics << first_epoch * batches_per_epoch + total_steps << "," << epoch + 1 << ",,,," << accuracy << "\n" << std::flush;
       if (!metrics) throw std::runtime_error("--metrics " + o.metrics_path + ": writing failed (disk full?)");
     }
     if (!o.checkpoint_dir.empty()) {
@@ -426,6 +429,9 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   if (!o.timeline_path.empty()) {
     trace.write_chrome_trace(o.timeline_path);
     std::printf("timeline: %zu spans written to %s\n", trace.spans().size(), o.timeline_path.c_str());
+  }
+  if constexpr (std::is_same_v<Reduce, reduce::automatic>) {
+    if (o.time_backends > 0) std::printf("backend: reduce::%s kept: %s\n", p.backend_name(), p.backend_reason().c_str());
   }
   std::printf("final: test accuracy %.2f%% after %zu epochs; %.1f examples/sec; parameters checksum %016llx\n",
               accuracy, o.epochs, total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0,

@@ -129,6 +129,11 @@ if wanted train; then
     done
     step compare_cnn_2 build/gpu/examples/train "${data[@]}" --model cnn --epochs "$cnn_epochs" --towers 2 \
       --layout flat --compare-backends --log-every 1000000
+    # 16-bit towers on every backend: the same bits from each (exit 1 if not).
+    for precision in bf16 fp16; do
+      step "compare_mlp_${precision}_2" build/gpu/examples/train "${data[@]}" --epochs 1 --towers 2 --precision "$precision" \
+        --compare-backends --log-every 1000000
+    done
     grep -h -A12 '^compare:' "$out"/compare_*.log >"$out/compare.md" 2>/dev/null
     for backend in p2p_tree sharded host; do
       step "timeline_$backend" build/gpu/examples/train "${data[@]}" --epochs 1 --backend "$backend" --towers 2 \

@@ -253,6 +253,19 @@ foreach(precision_layout "bf16|flat" "fp16|per_variable")
   endif()
 endforeach()
 
+# --time-backends: reduce::automatic times its candidates on the first step, keeps the fastest, and the
+# run ends bitwise where the untimed one does (every backend gives the same bits).
+run_train(untimed 0 --cpu-towers ${small} --epochs 1 --towers 2)
+run_train(timed 0 --cpu-towers ${small} --epochs 1 --towers 2 --time-backends 2)
+final_field("${untimed}" "parameters checksum ([0-9a-f]+)" untimed_sum)
+final_field("${timed}" "parameters checksum ([0-9a-f]+)" timed_sum)
+if(NOT untimed_sum STREQUAL timed_sum)
+  message(FATAL_ERROR "--time-backends changed the parameters: ${untimed_sum} against ${timed_sum}\n${timed}")
+endif()
+if(NOT timed MATCHES "backend: reduce::(host|sharded) kept: timed on this machine's first step \\(median of 2; bitwise equal\\): host [0-9.]+ ms, sharded [0-9.]+ ms")
+  message(FATAL_ERROR "--time-backends must say which backend it kept and the timings:\n${timed}")
+endif()
+
 # Bad input: one line, non-zero.
 foreach(case "--towers;x|--towers needs a positive whole number"
              "--model;rnn|--model 'rnn' is not one of mlp"
@@ -268,6 +281,8 @@ foreach(case "--towers;x|--towers needs a positive whole number"
              "--transport;tcp|--transport 'tcp' is not one of mpi"
              "--transport;nccl|--transport chooses how --ranks exchange: it needs --ranks"
              "--ranks;--transport;nccl;--cpu-towers|--transport nccl"  # no NCCL in the build, or no GPU towers
+             "--time-backends;2;--backend;host|--time-backends times reduce::automatic's candidates: it needs --backend auto, not host"
+             "--time-backends;0|--time-backends needs a positive whole number"
              "--lr;-1|--lr needs a positive number"
              "--frobnicate;1|unknown argument --frobnicate"
              "--towers=x|--towers needs a positive whole number"

@@ -116,8 +116,13 @@ class automatic_reducer {
       if (timing_ || i == chosen_)
         std::get<i>(live_) = make_reducer<typename candidate_t<i>::type, Towers, Optim>(variables, h, towers, options, span);
     });
-    log_note(make_message("reduce::automatic chose reduce::", backend_name(), ": ", choice_.reason,
-                          timing_ ? make_message("; timing all ", count, " candidates on the first step (time_backends = ", trials_, ")") : ""));
+    // time_backends has nothing to time across processes (only sharded spans them) or with one candidate: say so.
+    const std::string timing_note =
+        timing_        ? make_message("; timing all ", count, " candidates on the first step (time_backends = ", trials_, ")")
+        : trials_ == 0 ? std::string()
+                       : make_message("; time_backends = ", trials_, " times nothing: ",
+                                      span.size() > 1 ? "across processes only reduce::sharded spans them" : "one candidate");
+    log_note(make_message("reduce::automatic chose reduce::", backend_name(), ": ", choice_.reason, timing_note));
   }
 
   const char* backend_name() const { return towerpipe::backend_name(choice_.backend); }
