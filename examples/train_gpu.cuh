@@ -93,7 +93,7 @@ template <class Stored>
 struct tower_program<exec::cuda, Stored> {
   const classifier& model;
   std::size_t max_examples;
-  bool mark_ready;  // device0 and reduce::host reduce the marked buckets during the towers; p2p_tree and sharded after
+  bool mark_ready;  // the towers mark each layer's gradients ready: every backend reduces those buckets during the towers
   float loss_scale = 1;  // pipeline::loss_scale(), set before each step
   std::vector<std::unique_ptr<gpu_mlp_workspace>> mlps;
 #if defined(TOWERPIPE_EXAMPLES_CUDNN)

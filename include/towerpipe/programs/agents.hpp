@@ -216,13 +216,8 @@ struct copy_agent {
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
-    const lanes<T, W> value = load_lanes<W>(source.at(0, v) + i);
-    if constexpr (std::is_same<T, Stored>::value) {
-      for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
-    } else {
-      const lanes<Stored, W> stored = narrow_lanes<Stored>(value);
-      for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, stored);
-    }
+    const lanes<Stored, W> value = narrow_lanes<Stored>(load_lanes<W>(source.at(0, v) + i));  // the identity where T == Stored
+    for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
   }
 };
 
