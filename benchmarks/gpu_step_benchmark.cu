@@ -133,14 +133,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   const detail::processes one_process(options, checked, towers, {});  // what a pipeline lends reduce::sharded
   for (std::size_t i = 0; i < instances; ++i) {
     tower_sets.push_back(std::make_unique<towers_type>(variables, towers, pipeline_options{}));
-    if constexpr (detail::reducer_spans_processes<reducer_type, towers_type, Optim>::value) {
-      reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back(), options, one_process));
-    } else if constexpr (std::is_constructible_v<reducer_type, const variable_set&, const typename Optim::hyper_parameters&,
-                                                 towers_type&, const pipeline_options&>) {
-      reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back(), options));
-    } else {
-      reducers.push_back(std::make_unique<reducer_type>(variables, h, *tower_sets.back()));
-    }
+    reducers.push_back(std::make_unique<reducer_type>(detail::reducer_setup<towers_type, Optim>{variables, h, *tower_sets.back(), options, one_process}));
     for (std::size_t t = 0; t < towers; ++t) {
       for (std::size_t v = 0; v < variables.count(); ++v) {
         auto view = tower_sets.back()->gradients(t).view(v);
@@ -151,19 +144,21 @@ void measure(const std::string& model, const variable_set& variables, std::size_
     }
   }
   BENCH_CUDA(cudaDeviceSynchronize());
-  const std::vector<float> weights(towers, 1.0f / static_cast<float>(towers));
-  const auto constants = Optim::template constants<float>(h, 1);
+  // One whole step as the pipeline drives it (reduce/common/contract.hpp): every variable as one part.
+  detail::step_work<float, Optim> work;
+  work.weights.assign(towers, 1.0f / static_cast<float>(towers));
+  work.checked = checked || mixed;
+  work.constants = Optim::template constants<float>(h, 1);
+  const std::vector<std::size_t> every_variable = detail::every_variable(variables.count());
   std::vector<double> seconds, wall_seconds;
   for (int r = 0; r < o.repetitions + 3; ++r) {
     const std::size_t i = static_cast<std::size_t>(r) % instances;
     stage_seconds stages;
     const auto start = std::chrono::steady_clock::now();
-    if (checked) {
-      reducers[i]->screen_average(*tower_sets[i], weights, {}, stages);
-      reducers[i]->apply_averaged(*tower_sets[i], 1.0f, constants, stages);
-    } else {
-      reducers[i]->average_and_apply(*tower_sets[i], weights, constants, stages);
-    }
+    reducers[i]->begin_step(*tower_sets[i], work);
+    reducers[i]->reduce_part(*tower_sets[i], detail::step_part{every_variable, detail::no_bucket});
+    reducers[i]->finish(*tower_sets[i], stages);
+    if (checked) reducers[i]->apply(*tower_sets[i], 1.0f, stages);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (r < 3) continue;
     wall_seconds.push_back(wall);

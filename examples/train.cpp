@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <initializer_list>
+#include <vector>
 #include <string>
 
 #include "train_loop.hpp"
@@ -188,12 +189,12 @@ options parse(int argc, char** argv) {
       if (used != value.size() || !(o.lr > 0)) throw usage_error("--lr needs a positive number, not '" + value + "'");
     }
   }
-  const auto one_of = [](const std::string& flag, const std::string& value, std::initializer_list<const char*> allowed) {
-    for (const char* a : allowed) {
+  const auto one_of = [](const std::string& flag, const std::string& value, const std::vector<std::string>& allowed) {
+    for (const std::string& a : allowed) {
       if (value == a) return;
     }
     std::string list;
-    for (const char* a : allowed) list += std::string(list.empty() ? "" : " | ") + a;
+    for (const std::string& a : allowed) list += (list.empty() ? "" : " | ") + a;
     throw usage_error(flag + " '" + value + "' is not one of " + list);
   };
 #if defined(TOWERPIPE_EXAMPLES_GPU)
@@ -226,7 +227,9 @@ options parse(int argc, char** argv) {
   if (o.time_backends > 0 && o.backend != "auto")
     throw usage_error("--time-backends times reduce::automatic's candidates: it needs --backend auto, not " + o.backend);
   one_of("--model", o.model, {"mlp", "cnn"});
-  one_of("--backend", o.backend, {"auto", "host", "sharded", "device0", "p2p_tree"});
+  std::vector<std::string> backend_names{"auto"};
+  for (const towerpipe::backend_traits& b : towerpipe::registered_backends()) backend_names.push_back(b.name);
+  one_of("--backend", o.backend, backend_names);
   one_of("--optimizer", o.optimizer, {"sgd", "momentum", "adam", "adamw"});
   one_of("--layout", o.layout, {"flat", "per_variable"});
   one_of("--precision", o.precision, {"fp32", "bf16", "fp16"});
@@ -246,8 +249,9 @@ options parse(int argc, char** argv) {
 #else
                                         : "this build of the program has no CUDA";
 #endif
-  if (o.backend != "auto" && o.backend != "host" && o.backend != "sharded" && !o.gpu_towers)
-    throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
+  for (const towerpipe::backend_traits& b : towerpipe::registered_backends()) {
+    if (o.backend == b.name && !b.host_towers && !o.gpu_towers) throw usage_error("--backend " + o.backend + " needs GPU towers, and " + why_no_gpu);
+  }
   if (!o.devices.empty() && !o.gpu_towers) throw usage_error(std::string("--devices needs GPU towers, and ") + why_no_gpu);
 #if !defined(TOWERPIPE_EXAMPLES_CUDNN)
   if (o.model == "cnn" && o.gpu_towers)
@@ -290,8 +294,10 @@ run_result dispatch(const options& o, const image_dataset& data) {
 // runs also with --no-overlap: it reduces buckets while the towers run (so do every other backend where
 // no buffer is copied whole, p2p_tree not with poison_gradients).
 int compare_backends(const options& given, const image_dataset& data) {
-  const std::vector<std::string> backends =
-      given.gpu_towers ? std::vector<std::string>{"host", "device0", "p2p_tree", "sharded"} : std::vector<std::string>{"host", "sharded"};
+  std::vector<std::string> backends;  // every backend the towers allow, in the library's order
+  for (const towerpipe::backend_traits& b : towerpipe::registered_backends()) {
+    if (given.gpu_towers ? b.device_towers : b.host_towers) backends.push_back(b.name);
+  }
   const std::vector<std::string> layouts = given.was_given("--layout") || given.precision != "fp32"
                                               ? std::vector<std::string>{given.layout}
                                               : std::vector<std::string>{"flat", "per_variable"};

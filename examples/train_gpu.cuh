@@ -206,11 +206,7 @@ struct test_evaluator<exec::cuda> {
 // Every backend takes GPU towers of every precision.
 template <class Optim, class Layout>
 run_result train_on_gpus(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  if (o.backend == "auto") return train<exec::cuda, reduce::automatic, Optim, Layout>(o, data, h);
-  if (o.backend == "device0") return train<exec::cuda, reduce::device0, Optim, Layout>(o, data, h);
-  if (o.backend == "p2p_tree") return train<exec::cuda, reduce::p2p_tree, Optim, Layout>(o, data, h);
-  if (o.backend == "sharded") return train<exec::cuda, reduce::sharded, Optim, Layout>(o, data, h);
-  return train<exec::cuda, reduce::host, Optim, Layout>(o, data, h);
+  return train_with<exec::cuda, Optim, Layout>(o, data, h);
 }
 
 }  // namespace training

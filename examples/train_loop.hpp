@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -265,7 +266,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   // fp16's 5-bit exponent flushes small gradients to zero: dynamic loss scaling (GradScaler's rules)
   // lifts them into its range. bf16 has fp32's exponent range and needs none.
   if constexpr (std::is_same_v<stored, towerpipe::float16>) pipeline_opts.loss_scale.mode = loss_scale_mode::dynamic;
-  if constexpr (std::is_same_v<Reduce, reduce::sharded> || std::is_same_v<Reduce, reduce::automatic>) pipeline_opts.processes = o.group;
+  if constexpr (trainer::reducer_type::capabilities.spans_processes) pipeline_opts.processes = o.group;
   // Checked before the pipeline allocates anything: a batch gives every tower of every process an example.
   if (o.batch_size < o.towers * static_cast<std::size_t>(o.processes))
     throw usage_error("--batch-size " + std::to_string(o.batch_size) + (o.was_given("--batch-size") ? "" : " (the default)") +
@@ -316,11 +317,11 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
                   better.c_str());
   }
   if constexpr (std::is_same_v<Reduce, reduce::automatic>)
-    std::printf("backend: reduce::%s, chosen by reduce::automatic: %s\n", p.backend_name(), p.backend_reason().c_str());
+    std::printf("backend: reduce::%s, chosen by reduce::automatic: %s\n", p.backend_name().c_str(), p.backend_reason().c_str());
   std::printf("model: %s, %zu parameters; %zu %s towers%s, reduce::%s, %s, layout::%s, batch %zu, lr %g\n",
               model.describe().c_str(), p.variables().total_size(), p.towers(),
               std::is_same_v<Exec, exec::host> ? "host" : "GPU",
-              o.processes > 1 ? (" in each of " + std::to_string(o.processes) + " processes").c_str() : "", p.backend_name(),
+              o.processes > 1 ? (" in each of " + std::to_string(o.processes) + " processes").c_str() : "", p.backend_name().c_str(),
               o.optimizer.c_str(), Layout::name, o.batch_size, o.lr);
   if constexpr (std::is_same_v<stored, float>)
     std::printf("precision: fp32 towers\n");
@@ -431,7 +432,7 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
     std::printf("timeline: %zu spans written to %s\n", trace.spans().size(), o.timeline_path.c_str());
   }
   if constexpr (std::is_same_v<Reduce, reduce::automatic>) {
-    if (o.time_backends > 0) std::printf("backend: reduce::%s kept: %s\n", p.backend_name(), p.backend_reason().c_str());
+    if (o.time_backends > 0) std::printf("backend: reduce::%s kept: %s\n", p.backend_name().c_str(), p.backend_reason().c_str());
   }
   std::printf("final: test accuracy %.2f%% after %zu epochs; %.1f examples/sec; parameters checksum %016llx\n",
               accuracy, o.epochs, total_seconds > 0 ? static_cast<double>(total_examples) / total_seconds : 0.0,
@@ -471,17 +472,28 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   return result;
 }
 
+// The training on Exec's towers with the backend o.backend names: "auto", or one of the library's list
+// (towerpipe::for_each_backend) that takes these towers.
+template <class Exec, class Optim, class Layout>
+run_result train_with(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
+  if (o.backend == "auto") return train<Exec, reduce::automatic, Optim, Layout>(o, data, h);
+  std::optional<run_result> result;
+  towerpipe::for_each_backend<Exec>([&](auto backend) {
+    if (o.backend == decltype(backend)::name) result = train<Exec, decltype(backend), Optim, Layout>(o, data, h);
+  });
+  if (!result) throw usage_error("--backend " + o.backend + " does not take " + Exec::name + " towers");
+  return *result;
+}
+
 // The training of one optimizer and layout with host or GPU towers (backend from o.backend). train.cpp
 // builds it for fp32 towers, train_mixed.cpp for 16-bit ones: translation units of their own, which
 // build in parallel.
 template <class Optim, class Layout>
 run_result train_with_backend(const options& o, const image_dataset& data, const typename Optim::hyper_parameters& h) {
-  if (o.backend == "auto" && !o.gpu_towers) return train<exec::host, reduce::automatic, Optim, Layout>(o, data, h);
-  if (o.backend == "sharded" && !o.gpu_towers) return train<exec::host, reduce::sharded, Optim, Layout>(o, data, h);
 #if defined(TOWERPIPE_EXAMPLES_GPU)
   if (o.gpu_towers) return train_on_gpus<Optim, Layout>(o, data, h);
 #endif
-  return train<exec::host, reduce::host, Optim, Layout>(o, data, h);
+  return train_with<exec::host, Optim, Layout>(o, data, h);
 }
 
 // Explicit instantiations of `Function` (train_with_backend, train_on_gpus) for every optimizer (sgd

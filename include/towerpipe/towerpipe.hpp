@@ -18,7 +18,7 @@
 #include "towerpipe/optim/sgd.hpp"
 #include "towerpipe/pipeline.hpp"
 #include "towerpipe/programs/canonical_order.hpp"
-#include "towerpipe/reduce/automatic.hpp"
+#include "towerpipe/reduce/choice/automatic.hpp"
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/sharded/host_towers.hpp"
 #include "towerpipe/step/split.hpp"

@@ -166,15 +166,22 @@ TEST_CASE("time_backends is refused where it cannot time", "[automatic]") {
 template <class Optim, class Layout>
 struct bit_flipping_reducer : detail::host_reducer<Optim, Layout> {
   using detail::host_reducer<Optim, Layout>::host_reducer;
-  template <class Towers, class W, class C>
-  void average_and_apply(Towers& towers, const W& weights, const C& constants, stage_seconds& stages) {
-    detail::host_reducer<Optim, Layout>::average_and_apply(towers, weights, constants, stages);
+  template <class Towers>
+  detail::screen_partials finish(Towers& towers, stage_seconds& stages) {
+    detail::screen_partials screen = detail::host_reducer<Optim, Layout>::finish(towers, stages);
     float& b2 = towers.shared_parameters().data(1)[2];
     std::uint32_t bits;
     std::memcpy(&bits, &b2, sizeof bits);
     bits ^= 1u;
     std::memcpy(&b2, &bits, sizeof bits);
+    return screen;
   }
+};
+// It runs as reduce::sharded would, under that name.
+struct broken_sharded {
+  using policy_kind = detail::reduce_policy_kind;
+  static constexpr const char* name = "sharded";
+  static constexpr backend_traits traits = reduce::sharded::traits;
 };
 struct automatic_with_a_broken_candidate {
   using policy_kind = detail::reduce_policy_kind;
@@ -185,10 +192,12 @@ struct automatic_with_a_broken_candidate {
 
 namespace towerpipe {
 template <class Optim, class Layout>
+struct reducer_for<exec::host, broken_sharded, Optim, Layout> {
+  using type = bit_flipping_reducer<Optim, Layout>;
+};
+template <class Optim, class Layout>
 struct reducer_for<exec::host, automatic_with_a_broken_candidate, Optim, Layout> {
-  using type = detail::automatic_reducer<detail::host_towers<Layout>, Optim, Layout,
-                                         detail::automatic_candidate<backend_kind::host, detail::host_reducer<Optim, Layout>>,
-                                         detail::automatic_candidate<backend_kind::sharded, bit_flipping_reducer<Optim, Layout>>>;
+  using type = detail::automatic_reducer<exec::host, Optim, Layout, reduce::host, broken_sharded>;
 };
 }  // namespace towerpipe
 

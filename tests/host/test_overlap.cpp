@@ -504,53 +504,77 @@ TEST_CASE("towers that mark nothing, or only part, reduce the rest after returni
 
 namespace {
 
-// The driver's order, as GPU towers need it: a bucket reaches its part only after every tower was told
-// it had completed the bucket (there it records the event the part waits for) — also a tower that
-// completed it by returning, before another tower's mark made it ready — each bucket once; and what the
-// towers left comes after them, in one part. One thread plays the towers in turn, in a chosen order.
+// The driver's order (pipeline/step_parts.hpp), as GPU towers need it: a bucket reaches its part only
+// after every tower was told it had completed the bucket (there it records the event the part waits
+// for) — also a tower that completed it by returning, before another tower's mark made it ready — each
+// bucket once; and what the towers left comes after them, in one part. One thread plays the towers in
+// turn, in a chosen order.
 struct driver_log {
   std::vector<std::vector<int>> told = std::vector<std::vector<int>>(3, std::vector<int>(3, 0));  // [bucket][tower]
   std::vector<std::string> faults;
   std::vector<int> parts = std::vector<int>(3, 0);
   std::vector<std::vector<std::size_t>> rest;
+  bool fail_buckets = false;  // every bucket's part throws
+  int abandoned = 0;
 };
 
+// Three towers that tell the log of each completed bucket (GPU towers record an event there).
+struct logging_towers {
+  driver_log& log;
+  detail::tower_ready_listener* listener = nullptr;
+  std::size_t towers() const { return 3; }
+  void prepare_bucket_events(std::size_t) {}
+  void set_ready_listener(detail::tower_ready_listener* l) { listener = l; }
+  void record_bucket_done(std::size_t tower, std::size_t bucket) { ++log.told[bucket][tower]; }
+};
+// A reducer that logs its parts and checks that every tower was told of a bucket before its part.
+struct logging_reducer {
+  driver_log& log;
+  struct work {
+    bool parts_during_towers = true;
+  };
+  void begin_step(logging_towers&, const work&) {}
+  void reduce_part(logging_towers&, const detail::step_part& part) {
+    if (!part.during_towers()) return log.rest.push_back(part.variables);
+    if (log.fail_buckets) detail::fail("a bucket's part failed");
+    ++log.parts[part.bucket];
+    for (std::size_t t = 0; t < 3; ++t) {
+      if (log.told[part.bucket][t] != 1)
+        log.faults.push_back("bucket " + std::to_string(part.bucket) + " went before tower " + std::to_string(t) + " was told");
+    }
+  }
+  void abandon(logging_towers&) { ++log.abandoned; }
+};
+using logged_parts = detail::step_parts<logging_towers, logging_reducer>;
+
 // Tower `tower` marks `marked` (variable indices, in order), then returns.
-void play_tower(detail::overlapped_reduction& overlap, std::size_t tower, const std::vector<std::size_t>& marked) {
+void play_tower(logged_parts& parts, std::size_t tower, const std::vector<std::size_t>& marked) {
   std::vector<char> ready(plan_variables.count(), 0);
   for (std::size_t v : marked) {
-    overlap.gradient_ready(tower, v);
+    parts.gradient_ready(tower, v);
     ready[v] = 1;
   }
-  overlap.tower_returned(tower, ready);
+  parts.tower_returned(tower, ready);
 }
 
-void play_step(driver_log& log, const std::function<void(detail::overlapped_reduction&)>& towers) {
+void play_step(driver_log& log, const std::function<void(logged_parts&)>& towers) {
   gradient_buckets options;
   options.cap_bytes = 100;  // {d}, {c, b}, {a}
-  detail::overlapped_reduction overlap(plan_variables, options, 3, sizeof(float),
-                                       [&](std::size_t tower, std::size_t bucket) { ++log.told[bucket][tower]; });
-  overlap.begin_step(
-      [&](const detail::step_part& part) {
-        if (!part.during_towers()) return log.rest.push_back(part.variables);
-        ++log.parts[part.bucket];
-        for (std::size_t t = 0; t < 3; ++t) {
-          if (log.told[part.bucket][t] != 1)
-            log.faults.push_back("bucket " + std::to_string(part.bucket) + " went before tower " + std::to_string(t) + " was told");
-        }
-      },
-      true);
-  towers(overlap);
-  overlap.finish();
+  logging_towers space{log};
+  logging_reducer reducer{log};
+  logged_parts parts(plan_variables, options, sizeof(float), space, reducer);
+  parts.begin(logging_reducer::work{});
+  towers(parts);
+  parts.after_towers(false);
 }
 
 TEST_CASE("a bucket's part runs after every tower's tower_done for it, once, and the rest after the towers",
           "[overlap][buckets]") {
   driver_log early_return;  // tower 2 completes {c, b} and {a} by returning; tower 0's marks then make them ready
-  play_step(early_return, [](detail::overlapped_reduction& overlap) {
-    play_tower(overlap, 2, {3, 2});
-    play_tower(overlap, 1, {3, 2, 1, 0});
-    play_tower(overlap, 0, {3, 2, 1, 0});
+  play_step(early_return, [](logged_parts& parts) {
+    play_tower(parts, 2, {3, 2});
+    play_tower(parts, 1, {3, 2, 1, 0});
+    play_tower(parts, 0, {3, 2, 1, 0});
   });
   CHECK(early_return.faults.empty());
   CHECK(early_return.parts == std::vector<int>{1, 1, 1});
@@ -558,10 +582,10 @@ TEST_CASE("a bucket's part runs after every tower's tower_done for it, once, and
   CHECK(early_return.rest[0].empty());
 
   driver_log late_return;  // tower 2 returns last: {c, b} and {a} wait for the rest
-  play_step(late_return, [](detail::overlapped_reduction& overlap) {
-    play_tower(overlap, 0, {3, 2, 1, 0});
-    play_tower(overlap, 1, {3, 2, 1, 0});
-    play_tower(overlap, 2, {3, 2});
+  play_step(late_return, [](logged_parts& parts) {
+    play_tower(parts, 0, {3, 2, 1, 0});
+    play_tower(parts, 1, {3, 2, 1, 0});
+    play_tower(parts, 2, {3, 2});
   });
   CHECK(late_return.faults.empty());
   CHECK(late_return.parts == std::vector<int>{1, 0, 0});
@@ -569,21 +593,26 @@ TEST_CASE("a bucket's part runs after every tower's tower_done for it, once, and
   CHECK(late_return.rest[0] == std::vector<std::size_t>{2, 1, 0});  // {c, b} then {a}, in the plan's order
 }
 
-// Across processes settle() runs before the processes agree on the towers: a bucket's part that failed
-// on the worker must fail it there, also for reducers that settle nothing (reduce::sharded with GPU
-// towers), or this process alone would fail later, in finish(), and leave the others in the exchange.
-TEST_CASE("settle() rethrows a bucket part's failure even without a settle callback", "[overlap][buckets]") {
-  gradient_buckets options;
-  options.cap_bytes = 100;  // {d}, {c, b}, {a}
-  detail::overlapped_reduction overlap(plan_variables, options, 1, sizeof(float));
-  overlap.begin_step(
-      [](const detail::step_part& part) {
-        if (part.during_towers()) detail::fail("a bucket's part failed");
-      },
-      true);
-  play_tower(overlap, 0, {3});  // {d} goes on the worker and fails there
-  CHECK_THROWS_WITH(overlap.settle(), Catch::Contains("a bucket's part failed"));
-  CHECK(overlap.abandon() == 0);
+// Across processes the rest is reduced (the exchanges made) before the processes agree on the towers,
+// also after a bucket's part failed on the worker; that failure is then rethrown there, or this process
+// alone would fail later, in finish(), and leave the others in the exchange. In one process a bucket's
+// failure ends the step before the rest.
+TEST_CASE("after_towers rethrows a bucket part's failure, after the rest only across processes", "[overlap][buckets]") {
+  for (bool settling : {true, false}) {
+    driver_log log;
+    log.fail_buckets = true;
+    gradient_buckets options;
+    options.cap_bytes = 100;  // {d}, {c, b}, {a}
+    logging_towers space{log};
+    logging_reducer reducer{log};
+    logged_parts parts(plan_variables, options, sizeof(float), space, reducer);
+    parts.begin(logging_reducer::work{});
+    for (std::size_t t = 0; t < 3; ++t) play_tower(parts, t, {3});  // {d} goes on the worker and fails there
+    CHECK_THROWS_WITH(parts.after_towers(settling), Catch::Contains("a bucket's part failed"));
+    CHECK(log.rest.size() == (settling ? 1u : 0u));
+    CHECK(parts.abandon() == 0);
+    CHECK(log.abandoned == 1);
+  }
 }
 
 }  // namespace

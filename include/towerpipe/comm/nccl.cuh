@@ -1,7 +1,7 @@
 #pragma once
 // nccl_process_group — a process_group (comm/process_group.hpp) over NCCL, for reduce::sharded with GPU
 // towers across processes: its bulk traffic (gradient contributions to their owners, new parameters to
-// everyone) stays on the devices (device_collectives, comm/device_collectives.cuh). Needs NCCL (it ships
+// everyone) stays on the devices (device_collectives, comm/device_collectives.hpp). Needs NCCL (it ships
 // with the CUDA toolkit on our machines; CMake: link libnccl). NCCL refuses two ranks on one GPU: one
 // process per device.
 //
@@ -36,12 +36,12 @@
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
-#include "towerpipe/comm/device_collectives.cuh"
+#include "towerpipe/comm/device_collectives.hpp"
 #include "towerpipe/cuda/memory.cuh"
 
 namespace towerpipe {
 
-class nccl_process_group final : public process_group, public device_collectives {
+class nccl_process_group final : public process_group, public device_collectives<detail::cuda_stream> {
  public:
   // What becomes of a caller's communicator when an operation passes the deadline. abort_at_deadline:
   // aborted (ncclCommAbort frees it: the caller must not destroy it then; the error says so).
@@ -114,7 +114,7 @@ class nccl_process_group final : public process_group, public device_collectives
                   const char* what) override {
     char* device_send = stage_in(send, detail::extent_of(send_offsets, send_bytes), 0);
     char* device_recv = scratch(detail::extent_of(recv_offsets, recv_bytes), 1);
-    all_to_all_on_device(device_send, send_offsets, send_bytes, device_recv, recv_offsets, recv_bytes, stream_.get(), what);
+    all_to_all_on_device(device_send, send_offsets, send_bytes, device_recv, recv_offsets, recv_bytes, stream_, what);
     stage_out(recv, device_recv, detail::extent_of(recv_offsets, recv_bytes));
   }
   void all_gather_blocks(const char* mine, char* out, const std::vector<std::size_t>& block_offsets,
@@ -122,14 +122,15 @@ class nccl_process_group final : public process_group, public device_collectives
     const std::size_t all = detail::extent_of(block_offsets, block_bytes);
     char* device_mine = stage_in(mine, block_bytes[static_cast<std::size_t>(rank_)], 0);
     char* device_out = scratch(all, 1);
-    all_gather_blocks_on_device(device_mine, device_out, block_offsets, block_bytes, stream_.get(), what);
+    all_gather_blocks_on_device(device_mine, device_out, block_offsets, block_bytes, stream_, what);
     stage_out(out, device_out, all);
   }
 
   // Device collectives: grouped point-to-point for the all-to-all.
   void all_to_all_on_device(const void* send, const std::vector<std::size_t>& send_offsets,
                             const std::vector<std::size_t>& send_bytes, void* recv, const std::vector<std::size_t>& recv_offsets,
-                            const std::vector<std::size_t>& recv_bytes, cudaStream_t stream, const char* what) override {
+                            const std::vector<std::size_t>& recv_bytes, const detail::cuda_stream& on_stream, const char* what) override {
+    const cudaStream_t stream = on_stream.get();
     detail::device_guard on(device_);
     run_group(what, stream, [&] {
       for (int r = 0; r < size_; ++r) {
@@ -144,7 +145,8 @@ class nccl_process_group final : public process_group, public device_collectives
   // One broadcast per owner, grouped: NCCL's all-gather for blocks of unequal sizes (ncclAllGather takes
   // equal counts, and the owners' slices are whole chunks, so unequal).
   void all_gather_blocks_on_device(const void* mine, void* out, const std::vector<std::size_t>& block_offsets,
-                                   const std::vector<std::size_t>& block_bytes, cudaStream_t stream, const char* what) override {
+                                   const std::vector<std::size_t>& block_bytes, const detail::cuda_stream& on_stream, const char* what) override {
+    const cudaStream_t stream = on_stream.get();
     detail::device_guard on(device_);
     run_group(what, stream, [&] {
       for (int r = 0; r < size_; ++r) {

@@ -44,6 +44,9 @@ class cuda_stream {
     device_guard on(device);
     TOWERPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
+  // As the executor makes them (exec/cuda_executor.cuh); the label is for the simulation's messages.
+  template <class Executor>
+  cuda_stream(const Executor&, int device, const char* = "") : cuda_stream(device) {}
   ~cuda_stream() {
     if (stream_ == nullptr) return;
     device_guard on(device_);
@@ -68,6 +71,8 @@ class cuda_event {
     device_guard on(device);
     TOWERPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
+  template <class Executor>
+  cuda_event(const Executor&, int device, bool timing = false) : cuda_event(device, timing) {}
   ~cuda_event() {
     if (event_ == nullptr) return;
     device_guard on(device_);

@@ -14,7 +14,8 @@ namespace detail {
 class device_clock {
  public:
   // Records the origin on `stream` and waits for it: call once, before the work to be timed.
-  device_clock(int device, const cuda_stream& stream) : origin_(device, true) {
+  template <class Executor>
+  device_clock(const Executor&, int device, const cuda_stream& stream) : origin_(device, true) {
     origin_.record(stream);
     origin_.synchronize();
     origin_host_ = timeline::clock::now();

@@ -20,12 +20,13 @@ namespace detail {
 // A chunk table uploaded to one device, with the grid that covers it.
 class device_chunk_table {
  public:
-  device_chunk_table(const std::vector<tensor_chunk>& chunks, int device)
+  template <class Executor>
+  device_chunk_table(const Executor&, const std::vector<tensor_chunk>& chunks, int device)
       : device_(device),
         count_(static_cast<int>(chunks.size())),
         chunks_(cuda_device_memory{device}.allocate<tensor_chunk>(chunks.size(), 256)) {
     device_guard on(device);
-    copy_to_device_now(chunks_.get(), chunks.data(), chunks.size() * sizeof(tensor_chunk));
+    if (!chunks.empty()) copy_to_device_now(chunks_.get(), chunks.data(), chunks.size() * sizeof(tensor_chunk));
   }
 
   std::size_t size() const { return static_cast<std::size_t>(count_); }
@@ -58,7 +59,8 @@ class device_chunk_table {
 template <class T>
 class device_pointer_table {
  public:
-  device_pointer_table(const std::vector<T*>& pointers, int variables, int device)
+  template <class Executor>
+  device_pointer_table(const Executor&, const std::vector<T*>& pointers, int variables, int device)
       : variables_(variables), pointers_(cuda_device_memory{device}.allocate<T*>(std::max<std::size_t>(pointers.size(), 1), 256)) {
     device_guard on(device);
     if (!pointers.empty()) copy_to_device_now(pointers_.get(), pointers.data(), pointers.size() * sizeof(T*));
@@ -70,15 +72,6 @@ class device_pointer_table {
   int variables_;
   cuda_device_memory::owner<T*> pointers_;
 };
-
-// A pointer table for Policy's launches over `chunks`, its vector alignment checked on the host first
-// (check_vector_aligned): a layout the kernel cannot take fails here, with `what` in the message.
-template <class Policy, class T>
-device_pointer_table<T> vector_pointer_table(const std::vector<T*>& pointers, int variables, const std::vector<tensor_chunk>& chunks,
-                                             int device, const char* what) {
-  check_vector_aligned(pointers, static_cast<std::size_t>(variables), chunks, Policy::vector_elements * sizeof(T), what);
-  return device_pointer_table<T>(pointers, variables, device);
-}
 
 }  // namespace detail
 }  // namespace towerpipe

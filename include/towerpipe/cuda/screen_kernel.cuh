@@ -51,10 +51,12 @@ __global__ void __launch_bounds__(screen_warps_per_block * 32)
 // The screen's tile table and outputs on one device, and its launch.
 class device_screen {
  public:
-  device_screen(const variable_set& variables, int device)
-      : device_screen(make_chunk_table(variables, screen_tile_elements), device) {}
+  template <class Executor>
+  device_screen(const Executor& exec, const variable_set& variables, int device)
+      : device_screen(exec, make_chunk_table(variables, screen_tile_elements), device) {}
   // The screen of some of the tiles (reduce::sharded: an owner's), in the order given.
-  device_screen(std::vector<tensor_chunk> tiles, int device)
+  template <class Executor>
+  device_screen(const Executor&, std::vector<tensor_chunk> tiles, int device)
       : device_(device),
         tiles_(std::move(tiles)),
         device_tiles_(cuda_device_memory{device}.allocate<tensor_chunk>(std::max<std::size_t>(tiles_.size(), 1), 256)),
@@ -62,7 +64,7 @@ class device_screen {
         first_nonfinite_(cuda_device_memory{device}.allocate<nonfinite_key>(1, 256)),
         host_first_(cuda_pinned_memory{}.allocate<nonfinite_key>(1, 64)) {
     device_guard on(device);
-    copy_to_device_now(device_tiles_.get(), tiles_.data(), tiles_.size() * sizeof(tensor_chunk));
+    if (!tiles_.empty()) copy_to_device_now(device_tiles_.get(), tiles_.data(), tiles_.size() * sizeof(tensor_chunk));
   }
 
   // The key word to lower, for passes that check raw operands before the screen (the p2p tree's rounds).
@@ -104,8 +106,9 @@ class device_screen {
     device_guard on(device_);
     screen_partials partials;
     partials.tile_sums.resize(tiles_.size());
-    TOWERPIPE_CUDA_CHECK(cudaMemcpy(partials.tile_sums.data(), tile_sums_.get(), tiles_.size() * sizeof(double),
-                                    cudaMemcpyDeviceToHost));
+    if (!tiles_.empty())  // an owner of no tiles (more owners than chunks) has nothing to copy
+      TOWERPIPE_CUDA_CHECK(cudaMemcpy(partials.tile_sums.data(), tile_sums_.get(), tiles_.size() * sizeof(double),
+                                      cudaMemcpyDeviceToHost));
     partials.first_nonfinite = *host_first_.get();
     return partials;
   }

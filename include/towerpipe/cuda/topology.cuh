@@ -1,5 +1,5 @@
 #pragma once
-// Where towers run: each tower's device, and peer access between the distinct devices.
+// Peer access between the towers' distinct devices (the CUDA executor's enable_peer_access).
 
 #include <cuda_runtime.h>
 
@@ -14,21 +14,6 @@
 
 namespace towerpipe {
 namespace detail {
-
-// Which device each tower runs on; checks the ids against the visible devices.
-inline std::vector<int> assign_devices(std::size_t towers, const std::vector<int>& requested) {
-  const int visible = cuda_device_count();
-  if (visible == 0) fail("exec::cuda needs a CUDA device, and none is visible");
-  std::vector<int> devices(towers);
-  for (std::size_t t = 0; t < towers; ++t) {
-    const int device = requested.empty() ? static_cast<int>(t % static_cast<std::size_t>(visible))
-                                         : requested[t % requested.size()];
-    if (device < 0 || device >= visible)
-      fail("tower ", t, ": CUDA device ", device, " does not exist (", visible, " device(s) visible)");
-    devices[t] = device;
-  }
-  return devices;
-}
 
 // Enables peer access between every pair of distinct devices that allows it; returns the pairs
 // (a, b) where a can read and write b's memory directly.

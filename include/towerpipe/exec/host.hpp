@@ -153,6 +153,10 @@ class host_towers {
   // of the last run().
   void set_ready_listener(tower_ready_listener* listener) { listener_ = listener; }
   const std::vector<char>& ready(std::size_t tower) const { return ready_[tower]; }
+  // Host towers' work is done when their functions return: no events to record, nothing to finish.
+  void prepare_bucket_events(std::size_t) {}
+  void record_bucket_done(std::size_t, std::size_t) {}
+  void finish_step(std::int64_t) {}
 
   // Keeps the batch's shards for a later run(); host towers read the caller's memory in place, so it
   // must stay valid until that step.
@@ -225,6 +229,7 @@ namespace exec {
 struct host {
   using policy_kind = detail::exec_policy_kind;
   static constexpr const char* name = "host";
+  static constexpr bool device_towers = false;
   template <class Layout>
   using towers = detail::host_towers<Layout>;
 };

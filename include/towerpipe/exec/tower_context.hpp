@@ -71,21 +71,25 @@ class tower_context_base {
   tensor_view<const T> parameter(std::size_t index) const {
     variables().check_index(index);
     if ((*ready_)[index]) fail_after_ready("read the parameter of", index);
-    return parameters_->view(index);
+    const tensor_view<const T> view = parameters_->view(index);
+    self().note_parameter_read(view.data(), view.size());
+    return view;
   }
   tensor_view<const T> parameter(const std::string& name) const { return parameter(variables().index_of(name)); }
 
   // Write-only: see the gradient contract at the top of this header.
   tensor_view<T> gradient(std::size_t index) {
-    mark_written(index);
-    return gradients_->view(index);
+    const tensor_view<T> view = written_view(index);
+    self().note_gradient_write(view.data(), view.size());
+    return view;
   }
   tensor_view<T> gradient(const std::string& name) { return gradient(variables().index_of(name)); }
 
   // Zero-filled before it is returned, for accumulating code.
   tensor_view<T> zeroed_gradient(std::size_t index) {
-    const tensor_view<T> view = gradient(index);
+    const tensor_view<T> view = written_view(index);
     self().fill_zero(view.data(), view.size());
+    self().note_gradient_write(view.data(), view.size());
     return view;
   }
   tensor_view<T> zeroed_gradient(const std::string& name) { return zeroed_gradient(variables().index_of(name)); }
@@ -98,7 +102,7 @@ class tower_context_base {
     if (count != v.size)
       fail("gradient of variable '", v.name, "' written with ", count, " elements; its shape ", to_string(v.shape),
            " holds ", v.size);
-    self().copy_into(gradient(index).data(), values, count);
+    self().copy_into(written_view(index).data(), values, count);
   }
   void write_gradient(const std::string& name, const T* values, std::size_t count) {
     write_gradient(variables().index_of(name), values, count);
@@ -131,16 +135,22 @@ class tower_context_base {
         ready_(ready),
         listener_(listener) {}
 
-  // What an execution space does at a mark beyond the bookkeeping; nothing by default.
+  // What an execution space does at a mark beyond the bookkeeping, and when the tower function is handed
+  // a parameter to read or a gradient to write (device towers declare it to their executor); nothing by default.
   void note_ready(std::size_t) {}
+  void note_parameter_read(const T*, std::size_t) const {}
+  void note_gradient_write(T*, std::size_t) const {}
   tensor_view<const T> gradients_view(std::size_t index) const { return gradients_->view(index); }
 
  private:
   Derived& self() { return static_cast<Derived&>(*this); }
-  void mark_written(std::size_t index) {
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+  // The gradient's view, the variable marked as written.
+  tensor_view<T> written_view(std::size_t index) {
     variables().check_index(index);
     if ((*ready_)[index]) fail_after_ready("wrote the gradient of", index);
     (*written_)[index] = 1;
+    return gradients_->view(index);
   }
   [[noreturn]] void fail_after_ready(const char* what, std::size_t index) const {
     const variable& v = variables()[index];

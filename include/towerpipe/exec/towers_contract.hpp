@@ -16,14 +16,13 @@
 //                                               exec/tower_context.hpp)
 //   tensor_view<const value_type> parameter_on_host(std::size_t variable)   between steps
 //   void set_parameter(std::size_t variable, const value_type* values)       on every tower
-// Optional:
 //   void finish_step(std::int64_t step)         called after the reduction (GPU towers record their
 //                                               device-side timeline spans there)
-//   void set_ready_listener(tower_ready_listener*)  where gradient_ready marks go (exec/tower_context.hpp);
-//                                               required with a reducer that takes gradient buckets
-//   void prepare_bucket_events(buckets), record_bucket_done(tower, bucket), bucket_done(tower, bucket)
-//                                               GPU towers: an event per tower and bucket, recorded on
-//                                               the tower's stream when it has marked the bucket
+//   void set_ready_listener(tower_ready_listener*)  where gradient_ready marks go (exec/tower_context.hpp)
+//   void prepare_bucket_events(buckets), record_bucket_done(tower, bucket)
+//                                               an event per tower and bucket, recorded on the tower's
+//                                               stream when it has marked the bucket (GPU towers; host
+//                                               towers have nothing to record)
 
 #include <cstddef>
 #include <cstdint>
@@ -61,8 +60,10 @@ TOWERPIPE_DETECT_MEMBER(towers_has_run,
 TOWERPIPE_DETECT_MEMBER(towers_has_parameter_on_host, std::declval<T&>().parameter_on_host(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(towers_has_set_parameter,
                         std::declval<T&>().set_parameter(std::size_t{}, std::declval<const typename T::value_type*>()));
-TOWERPIPE_DETECT_MEMBER(towers_has_finish_step, std::declval<T&>().finish_step(std::int64_t{}));
-TOWERPIPE_DETECT_MEMBER(towers_record_bucket_events, std::declval<T&>().record_bucket_done(std::size_t{}, std::size_t{}));
+TOWERPIPE_DETECT_MEMBER(towers_has_step_hooks,
+                        (std::declval<T&>().finish_step(std::int64_t{}), std::declval<T&>().set_ready_listener(nullptr),
+                         std::declval<T&>().prepare_bucket_events(std::size_t{}),
+                         std::declval<T&>().record_bucket_done(std::size_t{}, std::size_t{})));
 TOWERPIPE_DETECT_MEMBER(has_context_type, std::declval<typename T::context>());
 
 // Fails compilation with the name of the first member Towers lacks.
@@ -80,6 +81,9 @@ constexpr bool check_towers_contract() {
                 "towerpipe: the execution space's towers lack 'parameter_on_host(variable)'");
   static_assert(towers_has_set_parameter<Towers>::value,
                 "towerpipe: the execution space's towers lack 'set_parameter(variable, values)'");
+  static_assert(towers_has_step_hooks<Towers>::value,
+                "towerpipe: the execution space's towers lack one of 'finish_step(step)', 'set_ready_listener(listener)', "
+                "'prepare_bucket_events(buckets)', 'record_bucket_done(tower, bucket)'");
   return true;
 }
 

@@ -125,6 +125,7 @@ class batch_input {
   }
 
   std::size_t element_size() const { return element_size_; }
+  const void* data() const { return data_; }
   // Bytes of this input's elements, packed without gaps.
   std::size_t bytes() const { return examples_ * element_count(example_shape_) * element_size_; }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -25,6 +26,9 @@
 #include "towerpipe/exec/host.hpp"
 #include "towerpipe/programs/canonical_order.hpp"
 #include "towerpipe/programs/chunk_table.hpp"
+#include "towerpipe/layout/precision.hpp"
+#include "towerpipe/reduce/common/backend_traits.hpp"
+#include "towerpipe/reduce/common/contract.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
 #include "towerpipe/programs/screen.hpp"
 #include "towerpipe/step/buckets.hpp"
@@ -161,10 +165,10 @@ void run_part_on(thread_pool& pool, const step_part& part, Body&& body) {
 template <class Optim, class Layout>
 class host_optimizer_pass {
  public:
-  using stored_type = typename Layout::value_type;
-  using value_type = master_type_t<stored_type>;
-  using buffer = typename Layout::template buffer<host_memory, value_type>;
-  using constants_type = typename Optim::template step_constants<value_type>;
+  using stored_type = typename precision<Layout>::stored_type;
+  using master_type = typename precision<Layout>::master_type;
+  using buffer = typename Layout::template buffer<host_memory, master_type>;
+  using constants_type = typename Optim::template step_constants<master_type>;
 
   host_optimizer_pass(const variable_set& variables, const typename Optim::hyper_parameters& h)
       : chunks_(make_chunk_table(variables, host_reduce_policy::chunk_elements)),
@@ -191,12 +195,17 @@ class host_optimizer_pass {
 
   // A checked step's average (programs/screen.hpp), where screen() leaves it.
   const buffer& averaged() const { return averaged_; }
-  std::size_t tile_count() const { return tile_count_; }
+  // A checked step's screen before its first part: every tile's sum zero, nothing found.
+  screen_partials fresh_partials() const {
+    screen_partials partials;
+    partials.tile_sums.assign(tile_count_, 0.0);
+    return partials;
+  }
 
   const std::vector<tensor_chunk>& chunks() const { return chunks_; }
   std::size_t state_slots() const { return state_.size(); }
-  tensor_view<const value_type> state_view(std::size_t slot, std::size_t index) const { return state_[slot].view(index); }
-  void set_state(std::size_t slot, std::size_t index, const value_type* values) {
+  tensor_view<const master_type> state_view(std::size_t slot, std::size_t index) const { return state_[slot].view(index); }
+  void set_state(std::size_t slot, std::size_t index, const master_type* values) {
     std::copy(values, values + state_[slot].view(index).size(), state_[slot].data(index));
   }
 
@@ -205,18 +214,18 @@ class host_optimizer_pass {
   // gets the new parameters rounded to the stored type (mixed precision).
   template <class Runner, class GradientBuffer, class ParameterBuffer, class ReplicaBuffer = ParameterBuffer>
   void run(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
-           ParameterBuffer& parameters, const std::vector<value_type>& weights, const constants_type& constants,
+           ParameterBuffer& parameters, const std::vector<master_type>& weights, const constants_type& constants,
            ReplicaBuffer* replica = nullptr) {
     std::vector<std::exception_ptr> failures = runner.run(chunk_list.size(), [&](std::size_t c) {
       const tensor_chunk& work = chunks_[chunk_list[c]];
       const std::size_t v = static_cast<std::size_t>(work.variable);
-      std::vector<const value_type*> sources(gradients.size());
+      std::vector<const master_type*> sources(gradients.size());
       for (std::size_t t = 0; t < sources.size(); ++t) sources[t] = gradients[t]->data(v);
       for (std::size_t begin = work.first; begin < work.first + work.count; begin += host_reduce_policy::block_elements) {
         const std::size_t count = std::min(host_reduce_policy::block_elements, work.first + work.count - begin);
         apply_block(parameters.data(v) + begin, v, begin, count, sources, weights, constants);
         if (replica != nullptr) {
-          const value_type* p = parameters.data(v) + begin;
+          const master_type* p = parameters.data(v) + begin;
           auto* r = replica->data(v) + begin;
           for (std::size_t k = 0; k < count; ++k) r[k] = narrow<stored_type>(p[k]);
         }
@@ -232,7 +241,7 @@ class host_optimizer_pass {
   // (partials.tile_sums sized tile_count()).
   template <class Runner, class GradientBuffer>
   void screen(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
-              const std::vector<value_type>& weights, const accumulation<value_type>& step, screen_partials& partials) {
+              const std::vector<master_type>& weights, const accumulation<master_type>& step, screen_partials& partials) {
     std::vector<nonfinite_key> first_in_chunk(chunk_list.size(), no_nonfinite);
     std::vector<std::exception_ptr> failures = runner.run(chunk_list.size(), [&](std::size_t c) {
       const tensor_chunk& work = chunks_[chunk_list[c]];
@@ -259,36 +268,36 @@ class host_optimizer_pass {
   // 32 lanes, programs/screen.hpp) gives, computed block by block so that the loops vectorise; a
   // non-finite value only costs a scan of the block it is in. `out`: the variable's average.
   screen_lane_result screen_tile(const tensor_chunk& tile, const std::vector<const stored_type*>& sources,
-                                 const std::vector<value_type>& weights, const accumulation<value_type>& step,
-                                 value_type* out) const {
+                                 const std::vector<master_type>& weights, const accumulation<master_type>& step,
+                                 master_type* out) const {
     constexpr unsigned block = host_reduce_policy::block_elements;
     nonfinite_key first = no_nonfinite;
-    value_type scratch[32][block];
+    master_type scratch[32][block];
     for (unsigned begin = 0; begin < tile.count; begin += block) {
       const unsigned count = std::min(block, tile.count - begin), at = tile.first + begin;
-      canonical_block_sum(static_cast<int>(sources.size()), count, scratch, [&](int tower, value_type* weighted) {
+      canonical_block_sum(static_cast<int>(sources.size()), count, scratch, [&](int tower, master_type* weighted) {
         const stored_type* g = sources[static_cast<std::size_t>(tower)] + at;
         if (weigh_block(weights[static_cast<std::size_t>(tower)], g, count, weighted) != 0)
-          first = std::min(first, first_nonfinite_in<value_type>(g, count, tile.variable, at, static_cast<unsigned>(tower)));
+          first = std::min(first, first_nonfinite_in<master_type>(g, count, tile.variable, at, static_cast<unsigned>(tower)));
       });
-      value_type* o = out + at;
+      master_type* o = out + at;
       const unsigned bad = accumulate_average(step, scratch[0], o, count);
-      if (bad != 0) first = std::min(first, first_nonfinite_in<value_type>(o, count, tile.variable, at, nonfinite_sum_tower));
+      if (bad != 0) first = std::min(first, first_nonfinite_in<master_type>(o, count, tile.variable, at, nonfinite_sum_tower));
     }
     return {tile_sum_of_squares(out + tile.first, tile.count), first};
   }
 
-  void apply_block(value_type* p, std::size_t variable, std::size_t first, std::size_t count,
-                   const std::vector<const value_type*>& gradients, const std::vector<value_type>& weights,
+  void apply_block(master_type* p, std::size_t variable, std::size_t first, std::size_t count,
+                   const std::vector<const master_type*>& gradients, const std::vector<master_type>& weights,
                    const constants_type& constants) {
-    value_type scratch[32][host_reduce_policy::block_elements];
-    canonical_block_sum(static_cast<int>(gradients.size()), count, scratch, [&](int tower, value_type* out) {
-      const value_type* g = gradients[static_cast<std::size_t>(tower)] + first;
-      const value_type w = weights[static_cast<std::size_t>(tower)];
+    master_type scratch[32][host_reduce_policy::block_elements];
+    canonical_block_sum(static_cast<int>(gradients.size()), count, scratch, [&](int tower, master_type* out) {
+      const master_type* g = gradients[static_cast<std::size_t>(tower)] + first;
+      const master_type w = weights[static_cast<std::size_t>(tower)];
       for (std::size_t k = 0; k < count; ++k) out[k] = rounded_mul(w, g[k]);
     });
 
-    value_type* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
+    master_type* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
     for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data(variable) + first;
     update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, scratch[0], count, constants);
   }
@@ -302,112 +311,89 @@ class host_optimizer_pass {
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
 
-// reduce::host with exec::host (the reducer interface: reduce/reducer_contract.hpp). Mixed precision
-// (a bf16 or fp16 layout): the towers' shared parameters are the rounded copy of a master in the master
+// reduce::host with exec::host (the reducer contract: reduce/common/contract.hpp). Mixed precision (a
+// bf16 or fp16 layout): the towers' shared parameters are the rounded copy of a master in the master
 // type that this reducer keeps, and every step is a checked one (the screen widens the gradients).
 template <class Optim, class Layout>
 class host_reducer {
  public:
-  using stored_type = typename Layout::value_type;
-  using value_type = master_type_t<stored_type>;
-  static constexpr bool mixed = !std::is_same<stored_type, value_type>::value;
+  using towers_type = host_towers<Layout>;
+  using stored_type = typename precision<Layout>::stored_type;
+  using master_type = typename precision<Layout>::master_type;
+  static constexpr bool mixed = precision<Layout>::mixed;
   using tower_buffer = typename Layout::template buffer<host_memory>;
-  using buffer = typename Layout::template buffer<host_memory, value_type>;
-  using hyper_parameters = typename Optim::hyper_parameters;
+  using buffer = typename Layout::template buffer<host_memory, master_type>;
+  static constexpr reducer_capabilities capabilities{};
 
-  host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&)
-      : pass_(variables, h), master_(variables_if(mixed, variables)) {}
+  explicit host_reducer(const reducer_setup<towers_type, Optim>& setup)
+      : towers_(setup.towers), pass_(setup.variables, setup.hyper), master_(variables_if(mixed, setup.variables)) {}
 
-  // Mixed precision: the master parameters, and setting them (the towers get the rounded copy).
-  tensor_view<const value_type> master_on_host(std::size_t index) const { return master_.view(index); }
-  void parameter_set(std::size_t index, const value_type* values) {
-    if constexpr (mixed) std::copy(values, values + master_.view(index).size(), master_.data(index));
+  backend_choice choice() const { return named_by_type("host"); }
+  // A bucket goes on the calling thread (the pool's threads run the towers then); what the towers left,
+  // on the pool.
+  bool buckets_during_towers() const { return true; }
+
+  void begin_step(towers_type&, const step_work<master_type, Optim>& work) {
+    work_ = work;
+    if (work_.checked) partials_ = pass_.fresh_partials();
   }
+  // The fused pass over the part's chunks, in the towers' shared parameters (nothing to broadcast); a
+  // checked step's average and screen (programs/screen.hpp).
+  void reduce_part(towers_type& towers, const step_part& part) {
+    if (!part.during_towers()) rest_started_ = step_clock::now();
+    run_part_on(towers.pool(), part, [&](auto& runner) {
+      const std::vector<std::size_t> chunks = pass_.chunks_of(part.variables);
+      if (work_.checked) {
+        pass_.screen(runner, chunks, gradient_buffers(towers), work_.weights, work_.window, partials_);
+      } else if constexpr (!mixed) {
+        pass_.run(runner, chunks, gradient_buffers(towers), towers.shared_parameters(), work_.weights, work_.constants);
+      }
+    });
+  }
+  screen_partials finish(towers_type&, stage_seconds& stages) {
+    stages.reduce = seconds_since(rest_started_);
+    return work_.checked ? std::move(partials_) : screen_partials{};
+  }
+  // A checked step's second pass: the optimizer on scale * the average, over every chunk.
+  void apply(towers_type& towers, master_type scale, stage_seconds& stages) {
+    const auto start = step_clock::now();
+    const std::vector<const buffer*> average{&pass_.averaged()};
+    const std::vector<std::size_t> chunks = pass_.chunk_range(0, pass_.chunks().size());
+    if constexpr (mixed) {
+      pass_.run(towers.pool(), chunks, average, master_, std::vector<master_type>{scale}, work_.constants, &towers.shared_parameters());
+    } else {
+      pass_.run(towers.pool(), chunks, average, towers.shared_parameters(), std::vector<master_type>{scale}, work_.constants);
+    }
+    stages.reduce += seconds_since(start);
+  }
+  // Every pass ran on the calling thread or the pool, which are done: nothing is in flight.
+  void abandon(towers_type&) {}
 
   std::size_t state_slots() const { return pass_.state_slots(); }
-  tensor_view<const value_type> state_on_host(std::size_t slot, std::size_t index) { return pass_.state_view(slot, index); }
-  void set_state(std::size_t slot, std::size_t index, const value_type* values) { pass_.set_state(slot, index, values); }
-  // The fused pass over every chunk, in the towers' shared parameters: there is nothing to broadcast.
-  void average_and_apply(host_towers<Layout>& towers, const std::vector<value_type>& weights,
-                         const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
-    const auto start = std::chrono::steady_clock::now();
-    average_and_apply_chunks(towers, every_chunk(), weights, constants, towers.pool());
-    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  tensor_view<const master_type> state(std::size_t slot, std::size_t index) const { return pass_.state_view(slot, index); }
+  void set_state(std::size_t slot, std::size_t index, const master_type* values) { pass_.set_state(slot, index, values); }
+  tensor_view<const master_type> master(std::size_t index) const {
+    if constexpr (mixed) return master_.view(index);
+    else return towers_.parameter_on_host(index);
   }
-  // A checked step (programs/screen.hpp): average and screen, then apply the average times `scale`.
-  screen_partials screen_average(host_towers<Layout>& towers, const std::vector<value_type>& weights,
-                                 const accumulation<value_type>& step, stage_seconds& stages) {
-    const auto start = std::chrono::steady_clock::now();
-    screen_partials partials = begin_screen();
-    pass_.screen(towers.pool(), every_chunk(), gradient_buffers(towers), weights, step, partials);
-    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return partials;
+  void set_master(std::size_t index, const master_type* values) {
+    if constexpr (mixed) std::copy(values, values + master_.view(index).size(), master_.data(index));
   }
-
-  // The same passes over a part of the step only (reduce/overlapped_reduction.hpp): a gradient bucket on
-  // the calling thread (the pool's threads run the towers then), or what the towers left, on the pool.
-  bool overlaps_buckets() const { return true; }
-  void average_and_apply_part(host_towers<Layout>& towers, const step_part& part, const std::vector<value_type>& weights,
-                              const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
-    on_runner_for(towers, part, stages, [&](auto& runner) {
-      average_and_apply_chunks(towers, pass_.chunks_of(part.variables), weights, constants, runner);
-    });
-  }
-  screen_partials begin_screen() const {
-    screen_partials partials;
-    partials.tile_sums.assign(pass_.tile_count(), 0.0);
-    return partials;
-  }
-  void screen_part(host_towers<Layout>& towers, const step_part& part, const std::vector<value_type>& weights,
-                   const accumulation<value_type>& step, screen_partials& partials, stage_seconds& stages) {
-    on_runner_for(towers, part, stages, [&](auto& runner) {
-      pass_.screen(runner, pass_.chunks_of(part.variables), gradient_buffers(towers), weights, step, partials);
-    });
-  }
-
-  void apply_averaged(host_towers<Layout>& towers, value_type scale,
-                      const typename Optim::template step_constants<value_type>& constants, stage_seconds& stages) {
-    const auto start = std::chrono::steady_clock::now();
-    const std::vector<const buffer*> average{&pass_.averaged()};
-    if constexpr (mixed) {
-      pass_.run(towers.pool(), every_chunk(), average, master_, std::vector<value_type>{scale}, constants,
-                &towers.shared_parameters());
-    } else {
-      pass_.run(towers.pool(), every_chunk(), average, towers.shared_parameters(), std::vector<value_type>{scale}, constants);
-    }
-    stages.reduce += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  std::vector<std::size_t> state_bytes_per_tower() const { return std::vector<std::size_t>(towers_.towers(), 0); }  // host memory
 
  private:
-  std::vector<std::size_t> every_chunk() const { return pass_.chunk_range(0, pass_.chunks().size()); }
-
-  // run_part_on, what the towers left timed as stages.reduce.
-  template <class Body>
-  static void on_runner_for(host_towers<Layout>& towers, const step_part& part, stage_seconds& stages, Body&& body) {
-    const auto start = std::chrono::steady_clock::now();
-    run_part_on(towers.pool(), part, body);
-    if (!part.during_towers()) stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-
-  template <class Runner>
-  void average_and_apply_chunks(host_towers<Layout>& towers, const std::vector<std::size_t>& chunks,
-                                const std::vector<value_type>& weights,
-                                const typename Optim::template step_constants<value_type>& constants, Runner& runner) {
-    if constexpr (mixed) {
-      fail("reduce::host: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
-    } else {
-      pass_.run(runner, chunks, gradient_buffers(towers), towers.shared_parameters(), weights, constants);
-    }
-  }
-
-  static std::vector<const tower_buffer*> gradient_buffers(host_towers<Layout>& towers) {
+  static std::vector<const tower_buffer*> gradient_buffers(towers_type& towers) {
     std::vector<const tower_buffer*> gradients;
     for (std::size_t t = 0; t < towers.towers(); ++t) gradients.push_back(&towers.gradients(t));
     return gradients;
   }
 
+  towers_type& towers_;
   host_optimizer_pass<Optim, Layout> pass_;
   buffer master_;  // mixed precision only (else empty)
+  step_work<master_type, Optim> work_;
+  screen_partials partials_;  // a checked step's screen as its parts go
+  step_clock::time_point rest_started_;
 };
 
 }  // namespace detail
@@ -418,6 +404,21 @@ namespace reduce {
 struct host {
   using policy_kind = detail::reduce_policy_kind;
   static constexpr const char* name = "host";
+  // GPU towers on one device, in device-memory bytes: the gradients down and the parameters up over PCIe
+  // (77x slower than device memory on the H200 machine), and the host pass (38x slower).
+  static double one_device_bytes(std::size_t towers, std::size_t element_bytes) {
+    const double e = static_cast<double>(element_bytes), n = static_cast<double>(towers);
+    return 77 * (n + 1) * e + 38 * (n * e + 24 + e);
+  }
+  // GPU towers on several devices: every tower's gradient down and its parameters up over its own device's link.
+  static double busiest_link_elements(const std::vector<int>& devices) {
+    std::map<int, double> load;
+    for (const auto& [device, towers] : detail::towers_per_device(devices)) load[device] = static_cast<double>(towers);
+    return detail::busiest(load);
+  }
+  static constexpr backend_traits traits{
+      name, true, true, false, 1.0, &one_device_bytes, &busiest_link_elements, true,
+      "one pass over host memory (reduce::sharded took 1.5-5.1x its time in one process)"};
 };
 
 }  // namespace reduce

@@ -13,6 +13,10 @@
 
 namespace towerpipe {
 
+namespace sim {
+class machine;  // executor/simulated/machine.hpp
+}  // namespace sim
+
 // What a step does when the towers' averaged gradient holds an infinity or a NaN.
 enum class nonfinite_policy {
   skip,         // the step changes nothing (parameters, optimizer state, replicas, step count) and says where
@@ -47,6 +51,9 @@ struct pipeline_options {
   // do between devices without peer access. false is slower; it serves machines whose peer access is
   // unreliable, and tests of the copying paths on any machine, one GPU included.
   bool direct_device_access = true;
+  // exec::simulated: the simulated machine the towers run on (its devices, peer access, interleaving
+  // seed; exec/simulated.hpp); null: a machine of one device.
+  std::shared_ptr<sim::machine> simulation;
   // Where steps record their spans (trace/timeline.hpp); null: no recording. Must outlive the pipeline.
   timeline* trace = nullptr;
   // Debug: before each tower function, fill its gradient buffers with a signalling-NaN pattern, and fail

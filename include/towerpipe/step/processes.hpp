@@ -149,16 +149,19 @@ class processes {
     fail(refusal);  // one process: this one alone
   }
 
-  // run_towers() runs this process's towers and returns their weighted loss. Across processes every
-  // process learns whether every process's towers succeeded: one failure is every process's error, the
-  // same message everywhere, before anything is updated; else returns the sum of the processes' losses
-  // in rank order (the same bits on every process). One process: run_towers() as it is.
-  // Across processes, settle() runs after run_towers() whether the towers succeeded or not, before the
-  // agreement (reduce::sharded's exchanges during the towers: reduce/sharded/host_towers.hpp); its
-  // failure is this process's too.
+  // run_towers() runs this process's towers and returns their weighted loss; settle() then reduces what
+  // they left (pipeline/step_parts.hpp). Across processes settle() runs whether the towers succeeded or
+  // not (the processes' exchanges must stay in step), and every process learns whether every process's
+  // towers and settling succeeded: one failure is every process's error, the same message everywhere,
+  // before anything is updated; else returns the sum of the processes' losses in rank order (the same
+  // bits on every process). One process: run_towers(), then settle() where they succeeded.
   template <class RunTowers, class Settle>
   double agree_on_towers(std::int64_t step, RunTowers&& run_towers, Settle&& settle) const {
-    if (size_ == 1) return run_towers();
+    if (size_ == 1) {
+      const double loss = run_towers();
+      settle();
+      return loss;
+    }
     std::optional<std::string> failure;
     double loss = 0;
     try {

@@ -61,6 +61,7 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -73,9 +74,11 @@
 #include "towerpipe/programs/chunk_table.hpp"
 #include "towerpipe/programs/exchange_plan.hpp"
 #include "towerpipe/programs/owner_slices.hpp"
+#include "towerpipe/layout/precision.hpp"
+#include "towerpipe/reduce/common/backend_traits.hpp"
+#include "towerpipe/reduce/common/contract.hpp"
 #include "towerpipe/reduce/host.hpp"
 #include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/reduce/whole_step.hpp"
 #include "towerpipe/programs/screen.hpp"
 #include "towerpipe/step/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
@@ -86,10 +89,27 @@ namespace towerpipe {
 
 namespace reduce {
 
-// The optimizer sharded over processes (see the top of this header).
+// The optimizer sharded over processes (see the top of this header), or over GPU towers' devices
+// (reduce/sharded/device_towers.hpp).
 struct sharded {
   using policy_kind = detail::reduce_policy_kind;
   static constexpr const char* name = "sharded";
+  // On one device the owners together make device0's pass.
+  static double one_device_bytes(std::size_t towers, std::size_t element_bytes) { return detail::fused_pass_bytes(towers, element_bytes); }
+  // Each tower owns 1/N: device d receives the contributions to its n_d/N and gathers the others'
+  // slices into its n_d replicas, 2 n_d (N - n_d) / N each way.
+  static double busiest_link_elements(const std::vector<int>& devices) {
+    const double n = static_cast<double>(devices.size());
+    std::map<int, double> load;
+    for (const auto& [device, towers] : detail::towers_per_device(devices)) {
+      const double own = static_cast<double>(towers);
+      load[device] = 2 * own * (n - own) / n;
+    }
+    return detail::busiest(load);
+  }
+  static constexpr backend_traits traits{
+      name, true, true, true, 1.5, &one_device_bytes, &busiest_link_elements, false,
+      "its slices copied in one process (1.5-5.1x reduce::host's time; across processes the only backend)"};
 };
 
 }  // namespace reduce
@@ -98,27 +118,31 @@ namespace detail {
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 template <class Optim, class Layout>
-class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<Optim, Layout>> {
+class sharded_host_reducer {
  public:
-  using stored_type = typename Layout::value_type;            // the towers' parameters and gradients
-  using master_type = master_type_t<stored_type>;             // the master parameters, state, sums
-  static constexpr bool mixed = !std::is_same<stored_type, master_type>::value;
-  using hyper_parameters = typename Optim::hyper_parameters;
+  using towers_type = host_towers<Layout>;
+  using stored_type = typename precision<Layout>::stored_type;  // the towers' parameters and gradients
+  using master_type = typename precision<Layout>::master_type;  // the master parameters, state, sums
+  static constexpr bool mixed = precision<Layout>::mixed;
   using constants_type = typename Optim::template step_constants<master_type>;
+  static constexpr reducer_capabilities capabilities{true, false};
   static constexpr std::size_t block = host_reduce_policy::block_elements;        // elements per canonical_block_sum
   static constexpr std::size_t work_elements = host_reduce_policy::chunk_elements;  // about this many per task on the pool
 
-  // `span`: the processes, their configuration already compared (step/processes.hpp).
-  sharded_host_reducer(const variable_set& variables, const hyper_parameters& h, host_towers<Layout>&,
-                       const pipeline_options& options, const processes& span)
-      : whole_step_as_one_part<sharded_host_reducer>(variables.count()),
-        variables_(variables),
-        span_(span),
+  // setup.span: the processes, their configuration already compared (step/processes.hpp).
+  explicit sharded_host_reducer(const reducer_setup<towers_type, Optim>& setup)
+      : sharded_host_reducer(setup, setup.variables, setup.options) {}
+
+ private:
+  sharded_host_reducer(const reducer_setup<towers_type, Optim>& setup, const variable_set& variables, const pipeline_options& options)
+      : variables_(variables),
+        towers_(setup.towers),
+        span_(setup.span),
         rank_(span_.rank()),
         local_towers_(span_.local_towers()),
         partials_(contributions_per_process(local_towers_) == 1),
         checked_(takes_checked_steps(options, mixed)),
-        slots_(Optim::state_slots(h)),
+        slots_(Optim::state_slots(setup.hyper)),
         table_(make_chunk_table(variables, screen_tile_elements)),
         buckets_(make_bucket_plan(variables, options.buckets, sizeof(stored_type))),  // as the pipeline's driver cuts them
         plan_(table_, variables.count(), span_.size(), rank_, partials_ ? 1 : local_towers_, max_host_process_rows,
@@ -156,18 +180,82 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
     exchanges_buckets_ = span_.size() > 1 && every_process_says(span_.group().callable_from_any_thread());
   }
 
-  // Mixed precision: every process keeps the whole master copy (the gather brings it every step), whose
-  // rounded copy the towers see; the pipeline reads it here and sets it through parameter_set.
-  tensor_view<const master_type> master_on_host(std::size_t index) const {
-    return tensor_view<const master_type>(master_.data() + padded_starts_[index], variables_[index].shape);
+ public:
+  backend_choice choice() const { return named_by_type("sharded"); }
+  // Across processes only where every process's group may be called from the bucket worker (see the top).
+  bool buckets_during_towers() const { return span_.size() == 1 || exchanges_buckets_; }
+
+  void begin_step(towers_type&, const step_work<master_type, Optim>& work) {
+    if (work.checked && !checked_) fail("reduce::sharded: built for unchecked steps");
+    work_ = work;
+    forget_parts();
+    raw_key_ = owner_key_ = no_nonfinite;
+    std::fill(tile_sums_.begin(), tile_sums_.end(), 0.0);
   }
-  void parameter_set(std::size_t index, const master_type* values) {
+
+  // A bucket on the calling thread (the worker), what the towers left on the pool. In one process the
+  // owner is here: its update and the new parameters (or its screen) follow each part at once. Across
+  // processes a part is its contributions and the exchanges they complete; the rest also runs after a
+  // tower failed, so that every process makes the same exchanges (see the top).
+  void reduce_part(towers_type& towers, const step_part& part) {
+    const std::vector<chunk_group> chunks = by_variable_.runs(part.variables);
+    if (!part.during_towers()) rest_started_ = step_clock::now();
+    if (span_.size() > 1) return contribute(towers, part, chunks);
+    run_part_on(towers.pool(), part, [&](auto& runner) {
+      raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), work_.weights, work_.checked));
+      if (work_.checked) {
+        owner_key_ = std::min(owner_key_, screen_slice(runner, within(my_runs_, chunks), work_.window));
+      } else if constexpr (!mixed) {
+        update_slice(runner, towers, within(my_runs_, chunks), work_.constants, received_sum());
+        scatter_parameters(runner, towers, within(runs_, chunks), updated_.data());
+      }
+    });
+  }
+
+  // After the processes agreed on the towers: the owner's update and every slice to every process, or a
+  // checked step's screen of the owner's slice, shared.
+  screen_partials finish(towers_type& towers, stage_seconds& stages) {
+    if (work_.checked) {
+      if (span_.size() > 1) owner_key_ = screen_slice(towers.pool(), my_runs_, work_.window);
+      const screen_partials partials = span_.share_screen({tile_sums_, std::min(raw_key_, owner_key_)});
+      stages.reduce = seconds_since(rest_started_);
+      return partials;
+    }
+    if constexpr (!mixed) {
+      if (span_.size() > 1) update_slice(towers.pool(), towers, my_runs_, work_.constants, received_sum());
+    }
+    finish_step(towers, stages, span_.size() > 1);
+    return {};
+  }
+
+  // A checked step's second pass: the optimizer on scale * the owner's average, then the parameters gathered.
+  void apply(towers_type& towers, master_type scale, stage_seconds& stages) {
+    const double screened = stages.reduce;
+    rest_started_ = step_clock::now();
+    update_slice(towers.pool(), towers, my_runs_, work_.constants, [&](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
+      const master_type* average = averaged_slice_[static_cast<std::size_t>(v)] + i;
+      for (std::size_t k = 0; k < n; ++k) scratch[0][k] = rounded_mul(scale, average[k]);
+      return scratch[0];
+    });
+    finish_step(towers, stages, true);
+    stages.reduce += screened;
+  }
+  // Its parts ran on the calling thread or the pool: only the step's bookkeeping goes.
+  void abandon(towers_type&) { forget_parts(); }
+
+  // Mixed precision: every process keeps the whole master copy (the gather brings it every step), whose
+  // rounded copy the towers see.
+  tensor_view<const master_type> master(std::size_t index) const {
+    if constexpr (mixed) return tensor_view<const master_type>(master_.data() + padded_starts_[index], variables_[index].shape);
+    else return towers_.parameter_on_host(index);
+  }
+  void set_master(std::size_t index, const master_type* values) {
     if constexpr (mixed) std::copy(values, values + variables_[index].size, master_.data() + padded_starts_[index]);
   }
 
   std::size_t state_slots() const { return static_cast<std::size_t>(slots_); }
   // Collective (see the top): gathers the slot's slices, once per slot between steps.
-  tensor_view<const master_type> state_on_host(std::size_t slot, std::size_t index) {
+  tensor_view<const master_type> state(std::size_t slot, std::size_t index) {
     if (gathered_slot_ != static_cast<int>(slot)) {
       gather(slot_base(slot), gathered_.data(), "gathering optimizer state");
       gathered_slot_ = static_cast<int>(slot);
@@ -181,92 +269,7 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
       std::copy(values + range.begin, values + range.end, slot_base(slot) + offset);
     });
   }
-
-  // The same passes over a part of the step (see the top): a bucket on the calling thread (the worker),
-  // what the towers left on the pool, which finishes the step.
-  bool overlaps_buckets() const { return span_.size() == 1 || exchanges_buckets_; }
-  void average_and_apply_part(host_towers<Layout>& towers, const step_part& part, const std::vector<master_type>& weights,
-                              const constants_type& constants, stage_seconds& stages) {
-    if constexpr (mixed) fail("reduce::sharded: a mixed-precision step is always a checked one");  // pipeline::checked_steps() says so
-    const auto start = std::chrono::steady_clock::now();
-    const auto sum = [&](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
-      canonical_sum(v, i, n, scratch);
-      return scratch[0];
-    };
-    const std::vector<chunk_group> chunks = by_variable_.runs(part.variables);
-    if (span_.size() > 1) {  // contributions, the exchange (maybe settled already), then the owner
-      contribute(towers, part, chunks, weights);
-      if (part.during_towers()) return;
-      update_slice(towers.pool(), towers, my_runs_, constants, sum);
-      forget_parts();
-      return finish_step(towers, start, stages, true);
-    }
-    run_part_on(towers.pool(), part, [&](auto& runner) {  // the owner is here: its update and the new parameters follow at once
-      weigh_contributions(runner, towers, within(runs_, chunks), weights, false);
-      update_slice(runner, towers, within(my_runs_, chunks), constants, sum);
-      scatter_parameters(runner, towers, within(runs_, chunks), updated_.data());
-    });
-    if (!part.during_towers()) finish_step(towers, start, stages, false);
-  }
-
-  // Across processes, before they agree on the towers' outcome (see the top): the contributions of
-  // `rest` (what the towers left) and every bucket not yet exchanged, in bucket order — also when a
-  // contribution fails, whose error follows the exchanges.
-  void settle_part(host_towers<Layout>& towers, const step_part& rest, const std::vector<master_type>& weights) {
-    if (span_.size() == 1) return;
-    std::exception_ptr failure;
-    try {
-      weigh_part(towers, rest, by_variable_.runs(rest.variables), weights);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    while (exchanged_ < buckets_.count()) exchange_bucket(exchanged_++);
-    settled_ = true;
-    if (failure) std::rethrow_exception(failure);
-  }
-  // After a failed step: its parts are forgotten.
-  void join_parts(host_towers<Layout>&) { forget_parts(); }
-
-  // Before a checked step's parts: nothing found yet.
-  screen_partials begin_screen() {
-    forget_parts();
-    raw_key_ = owner_key_ = no_nonfinite;
-    std::fill(tile_sums_.begin(), tile_sums_.end(), 0.0);
-    return {};
-  }
-  void screen_part(host_towers<Layout>& towers, const step_part& part, const std::vector<master_type>& weights,
-                   const accumulation<master_type>& step, screen_partials& partials, stage_seconds& stages) {
-    if (!checked_) fail("reduce::sharded: built for unchecked steps");
-    const auto start = std::chrono::steady_clock::now();
-    const std::vector<chunk_group> chunks = by_variable_.runs(part.variables);
-    if (span_.size() > 1) {
-      contribute(towers, part, chunks, weights);
-      if (part.during_towers()) return;
-      owner_key_ = screen_slice(towers.pool(), my_runs_, step);
-      forget_parts();
-    } else {
-      run_part_on(towers.pool(), part, [&](auto& runner) {
-        raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), weights, true));
-        owner_key_ = std::min(owner_key_, screen_slice(runner, within(my_runs_, chunks), step));
-      });
-      if (part.during_towers()) return;
-    }
-    partials = span_.share_screen({tile_sums_, std::min(raw_key_, owner_key_)});
-    stages.reduce = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-
-  // Pass 2: the optimizer on scale * the owner's average, then the parameters gathered.
-  void apply_averaged(host_towers<Layout>& towers, master_type scale, const constants_type& constants, stage_seconds& stages) {
-    const double screened = stages.reduce;
-    const auto start = std::chrono::steady_clock::now();
-    update_slice(towers.pool(), towers, my_runs_, constants, [&](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
-      const master_type* average = averaged_slice_[static_cast<std::size_t>(v)] + i;
-      for (std::size_t k = 0; k < n; ++k) scratch[0][k] = rounded_mul(scale, average[k]);
-      return scratch[0];
-    });
-    finish_step(towers, start, stages, true);
-    stages.reduce += screened;
-  }
+  std::vector<std::size_t> state_bytes_per_tower() const { return std::vector<std::size_t>(local_towers_, 0); }  // host memory
 
  private:
   // A task on the thread pool: consecutive chunks of one owner's slice, about work_elements in all.
@@ -311,7 +314,7 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   // gets tower t's w_t * g_t. `screen`: also the first non-finite gradient value (global tower index),
   // which only the process that holds it can see.
   template <class Runner>
-  nonfinite_key weigh_contributions(Runner& runner, host_towers<Layout>& towers, const std::vector<run>& runs,
+  nonfinite_key weigh_contributions(Runner& runner, towers_type& towers, const std::vector<run>& runs,
                                     const std::vector<master_type>& weights, bool screen) {
     std::vector<nonfinite_key> keys(runs.size(), no_nonfinite);
     for_each_chunk(runner, runs, [&](std::size_t task, int owner, std::size_t c) {
@@ -342,21 +345,29 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   }
   // Across processes, a part's contributions and what can be exchanged then (see the top): a bucket's on
   // the calling thread (the worker), then the buckets in order as far as they are in; what the towers
-  // left on the pool, then everything not exchanged — unless settle_part did that already.
-  void contribute(host_towers<Layout>& towers, const step_part& part, const std::vector<chunk_group>& chunks,
-                  const std::vector<master_type>& weights) {
-    if (settled_) return;
-    weigh_part(towers, part, chunks, weights);
-    if (!part.during_towers()) return exchange(send_blocks_, receive_blocks_, "sending gradients to their owners");
-    contributed_[part.bucket] = 1;
-    while (exchanged_ < buckets_.count() && contributed_[exchanged_]) exchange_bucket(exchanged_++);
-  }
-  // The contributions of a part's chunks (run_part_on), and, in a checked step, the first non-finite one.
-  void weigh_part(host_towers<Layout>& towers, const step_part& part, const std::vector<chunk_group>& chunks,
-                  const std::vector<master_type>& weights) {
-    run_part_on(towers.pool(), part, [&](auto& runner) {
-      raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), weights, checked_));
-    });
+  // left on the pool, then every exchange not made yet — also when a contribution failed, whose error
+  // follows the exchanges.
+  void contribute(towers_type& towers, const step_part& part, const std::vector<chunk_group>& chunks) {
+    std::exception_ptr failure;
+    try {
+      run_part_on(towers.pool(), part, [&](auto& runner) {
+        raw_key_ = std::min(raw_key_, weigh_contributions(runner, towers, within(runs_, chunks), work_.weights, work_.checked));
+      });
+    } catch (...) {
+      if (part.during_towers()) throw;
+      failure = std::current_exception();
+    }
+    if (part.during_towers()) {
+      contributed_[part.bucket] = 1;
+      while (exchanged_ < buckets_.count() && contributed_[exchanged_]) exchange_bucket(exchanged_++);
+      return;
+    }
+    if (work_.parts_during_towers) {
+      while (exchanged_ < buckets_.count()) exchange_bucket(exchanged_++);
+    } else {
+      exchange(send_blocks_, receive_blocks_, "sending gradients to their owners");
+    }
+    if (failure) std::rethrow_exception(failure);
   }
   // A bucket's rows to their owners.
   void exchange_bucket(std::size_t bucket) {
@@ -371,7 +382,6 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   void forget_parts() {
     std::fill(contributed_.begin(), contributed_.end(), 0);
     exchanged_ = 0;
-    settled_ = false;
   }
   // Whether `mine` holds on every process (a collective).
   bool every_process_says(bool mine) const {
@@ -416,7 +426,7 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   // The owner's slice: gradient(v, i, n, scratch) returns the gradient of elements [i, i + n) of variable
   // v; the optimizer's update of them goes into updated_.
   template <class Runner, class Gradient>
-  void update_slice(Runner& runner, host_towers<Layout>& towers, const std::vector<run>& runs, const constants_type& constants,
+  void update_slice(Runner& runner, towers_type& towers, const std::vector<run>& runs, const constants_type& constants,
                     Gradient&& gradient) {
     gathered_slot_ = -1;
     for_each_chunk(runner, runs, [&](std::size_t, int, std::size_t c) {
@@ -436,23 +446,30 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   }
 
   // Variable v of the master parameters: the towers' shared parameters, or (mixed precision) the master copy.
-  const master_type* master_of(host_towers<Layout>& towers, std::size_t v) const {
+  const master_type* master_of(towers_type& towers, std::size_t v) const {
     if constexpr (mixed) return master_.data() + padded_starts_[v];
     else return towers.shared_parameters().data(v);
   }
   master_type* slot_base(std::size_t slot) { return state_.data() + slot * plan_.mine().stored_elements; }
 
+  // The owner's sum of the rows that arrived (canonical_sum), for update_slice.
+  auto received_sum() const {
+    return [this](int v, std::size_t i, std::size_t n, master_type (&scratch)[32][block]) {
+      canonical_sum(v, i, n, scratch);
+      return static_cast<const master_type*>(scratch[0]);
+    };
+  }
+
   // After the owners' updates: every slice to every process (the master copy, with mixed precision), into
-  // the towers' parameters.
-  // scatter: whether the new parameters still go to the towers (an unchecked step in one process has
-  // put each part's there already).
-  void finish_step(host_towers<Layout>& towers, std::chrono::steady_clock::time_point start, stage_seconds& stages, bool scatter) {
-    const auto reduced = std::chrono::steady_clock::now();
+  // the towers' parameters. `scatter`: whether the new parameters still go to the towers (an unchecked
+  // step in one process has put each part's there already). stages.reduce from the rest's start.
+  void finish_step(towers_type& towers, stage_seconds& stages, bool scatter) {
+    const auto reduced = step_clock::now();
     master_type* all = mixed ? master_.data() : span_.size() > 1 ? gathered_.data() : updated_.data();
     if (all != updated_.data()) gather(updated_.data(), all, "gathering parameters");
     if (scatter) scatter_parameters(towers.pool(), towers, runs_, all);
-    stages.reduce = std::chrono::duration<double>(reduced - start).count();
-    stages.broadcast = std::chrono::duration<double>(std::chrono::steady_clock::now() - reduced).count();
+    stages.reduce = std::chrono::duration<double>(reduced - rest_started_).count();
+    stages.broadcast = seconds_since(reduced);
   }
 
   // Every process's slice (this process's: `slice`, in compact storage) into `all`, the variables end to
@@ -465,7 +482,7 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   // All of the new parameters (`all`, as gathered) into the towers' shared parameters (rounded to nearest
   // even with mixed precision).
   template <class Runner>
-  void scatter_parameters(Runner& runner, host_towers<Layout>& towers, const std::vector<run>& runs, const master_type* all) {
+  void scatter_parameters(Runner& runner, towers_type& towers, const std::vector<run>& runs, const master_type* all) {
     for_each_chunk(runner, runs, [&](std::size_t, int, std::size_t c) {
       const tensor_chunk& chunk = table_[c];
       const std::size_t v = static_cast<std::size_t>(chunk.variable);
@@ -476,6 +493,7 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   }
 
   const variable_set& variables_;
+  towers_type& towers_;
   const processes& span_;
   int rank_;
   std::size_t local_towers_;
@@ -503,12 +521,13 @@ class sharded_host_reducer : public whole_step_as_one_part<sharded_host_reducer<
   // A checked step's screen as its parts go: the first non-finite raw gradient and average, and the
   // owner's tiles' sums of squares (a chunk of the table is a tile).
   nonfinite_key raw_key_ = no_nonfinite, owner_key_ = no_nonfinite;
-  // Across processes, this step's buckets: which are in the send buffer, how many (in order) exchanged,
-  // whether settle_part exchanged the rest; whether buckets are exchanged while the towers run at all.
+  // Across processes, this step's buckets: which are in the send buffer, how many (in order) exchanged;
+  // whether buckets are exchanged while the towers run at all.
   std::vector<char> contributed_ = std::vector<char>(buckets_.count(), 0);
   std::size_t exchanged_ = 0;
-  bool settled_ = false;
   bool exchanges_buckets_ = false;
+  step_work<master_type, Optim> work_;
+  step_clock::time_point rest_started_;
   std::vector<double> tile_sums_ = std::vector<double>(plan_.mine().chunks.last - plan_.mine().chunks.first, 0.0);
 };
 TOWERPIPE_EXACT_ARITHMETIC_END

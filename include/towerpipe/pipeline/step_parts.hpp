@@ -1,0 +1,137 @@
+#pragma once
+// step_parts<Towers, Reducer> — drives a step's parts through the reducer (reduce/common/contract.hpp):
+// each gradient bucket (step/buckets.hpp) as soon as every tower has marked it ready
+// (tower_context::gradient_ready), on a thread of its own (exec/background_worker.hpp) while the towers'
+// backward passes go on; after the towers, what they left — the buckets the last tower completed by
+// returning, or every bucket of towers that mark nothing, or, where buckets do not go during the towers,
+// the whole step as one part. Bitwise the unbucketed step whatever the buckets (step/buckets.hpp says why).
+//
+// The towers tell it of their marks (it is their ready listener); GPU towers record an event on their
+// stream when a tower completes a bucket (record_bucket_done), which the bucket's pass waits for.
+
+#include <cstddef>
+#include <exception>
+#include <vector>
+
+#include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/exec/background_worker.hpp"
+#include "towerpipe/exec/tower_context.hpp"
+#include "towerpipe/reduce/common/contract.hpp"
+#include "towerpipe/step/buckets.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+template <class Towers, class Reducer>
+class step_parts final : public tower_ready_listener {
+ public:
+  // `element_bytes`: a gradient element as the towers hold it (for the buckets' byte cap).
+  step_parts(const variable_set& variables, const gradient_buckets& buckets, std::size_t element_bytes, Towers& towers,
+             Reducer& reducer)
+      : plan_(make_bucket_plan(variables, buckets, element_bytes)),
+        readiness_(plan_, towers.towers()),
+        towers_(towers),
+        reducer_(reducer) {
+    towers_.prepare_bucket_events(plan_.count());
+    towers_.set_ready_listener(this);
+  }
+  ~step_parts() { towers_.set_ready_listener(nullptr); }
+  step_parts(const step_parts&) = delete;
+  step_parts& operator=(const step_parts&) = delete;
+
+  std::size_t buckets() const { return plan_.count(); }
+
+  // Before the towers run: the reducer begins the step; buckets go during the towers where the work says so.
+  template <class Work>
+  void begin(const Work& work) {
+    readiness_.reset();
+    reduced_.assign(plan_.count(), 0);
+    during_towers_ = work.parts_during_towers;
+    seconds_during_towers_ = 0;
+    reducer_.begin_step(towers_, work);
+  }
+
+  void gradient_ready(std::size_t tower, std::size_t variable) override {
+    const std::size_t bucket = readiness_.mark_for_tower(tower, variable);
+    if (bucket == no_bucket) return;
+    if (during_towers_) towers_.record_bucket_done(tower, bucket);
+    if (!readiness_.tower_completed(bucket) || !during_towers_) return;
+    worker_.post([this, bucket] {
+      reducer_.reduce_part(towers_, step_part{plan_.buckets[bucket], bucket});
+      reduced_[bucket] = 1;
+    });
+  }
+  // What the tower left unmarked counts as marked. A bucket whose last tower completes it here waits for
+  // the rest; but one this tower completes before another tower's explicit mark completes it goes during
+  // the towers, and must see this tower's completion too (its event, recorded now, after all its work).
+  void tower_returned(std::size_t tower, const std::vector<char>& ready) override {
+    for (std::size_t v = 0; v < ready.size(); ++v) {
+      if (ready[v]) continue;
+      const std::size_t bucket = readiness_.mark_for_tower(tower, v);
+      if (bucket == no_bucket) continue;
+      if (during_towers_) towers_.record_bucket_done(tower, bucket);
+      readiness_.tower_completed(bucket);
+    }
+  }
+
+  // After every tower returned: waits for the buckets in flight, then reduces what they left; rethrows
+  // the first failure (a bucket's, else the rest's). `settling`: across processes, also after a tower or
+  // a bucket failed, since the processes' exchanges must stay in step (reduce/common/contract.hpp).
+  void after_towers(bool settling) {
+    towers_ended_ = step_clock::now();
+    std::exception_ptr failure;
+    try {
+      seconds_during_towers_ += worker_.drain();
+    } catch (...) {
+      if (!settling) throw;
+      failure = std::current_exception();
+    }
+    rest_.clear();
+    for (std::size_t b = 0; b < plan_.count(); ++b) {
+      if (!reduced_[b]) rest_.insert(rest_.end(), plan_.buckets[b].begin(), plan_.buckets[b].end());
+    }
+    try {
+      reducer_.reduce_part(towers_, step_part{rest_, no_bucket});  // even empty: the reducer finishes the parts there
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  // What the step hid behind the towers.
+  std::size_t buckets_during_towers() const {
+    std::size_t count = 0;
+    for (char done : reduced_) count += done != 0;
+    return count;
+  }
+  double seconds_during_towers() const { return seconds_during_towers_; }
+  // When the towers had ended (after_towers began).
+  step_clock::time_point towers_ended() const { return towers_ended_; }
+
+  // After a failure anywhere in the step: the buckets in flight waited for (a failure among them is
+  // dropped: the step fails with the first error), the reducer's enqueued work too; returns how many
+  // buckets were reduced.
+  std::size_t abandon() {
+    try {
+      worker_.drain();
+    } catch (...) {
+    }
+    reducer_.abandon(towers_);
+    return buckets_during_towers();
+  }
+
+ private:
+  bucket_plan plan_;
+  bucket_readiness readiness_;  // refers to plan_
+  Towers& towers_;
+  Reducer& reducer_;
+  bool during_towers_ = false;
+  double seconds_during_towers_ = 0;  // the worker's, this step
+  step_clock::time_point towers_ended_;
+  std::vector<char> reduced_;        // [bucket]: reduced by the worker this step (written there, read after a drain)
+  std::vector<std::size_t> rest_;    // the variables after_towers reduces
+  background_worker worker_;         // last: joined before the rest goes
+};
+
+}  // namespace detail
+}  // namespace towerpipe

@@ -1,0 +1,103 @@
+# The library's shape, kept by a test so that a later feature cannot quietly undo it (docs/architecture.md):
+#   - folders are layers at every depth: for each depth d, every header is mapped to the folder of its
+#     first d path components (a header directly in a shallower folder to that folder; the headers at
+#     the root of include/towerpipe to "root"), and no two such folders include each other;
+#   - pipeline.hpp only sequences a step: at most MAX_PIPELINE lines;
+#   - no library header is longer than MAX_HEADER lines: a header that grows past it has more than one job.
+# Run as: cmake -DINCLUDE_DIR=<repo>/include [-DMAX_PIPELINE=330] [-DMAX_HEADER=400] -P guardrails.cmake
+cmake_minimum_required(VERSION 3.25)
+if(NOT DEFINED MAX_PIPELINE)
+  set(MAX_PIPELINE 330)
+endif()
+if(NOT DEFINED MAX_HEADER)
+  set(MAX_HEADER 400)
+endif()
+
+# The folder of `path` (relative to include/towerpipe) cut to its first `depth` components; "root" for
+# the headers at the top.
+function(folder_at path depth out_var)
+  get_filename_component(folder "${path}" DIRECTORY)
+  if(folder STREQUAL "")
+    set(${out_var} "root" PARENT_SCOPE)
+    return()
+  endif()
+  string(REPLACE "/" ";" parts "${folder}")
+  list(LENGTH parts count)
+  if(count GREATER depth)
+    list(SUBLIST parts 0 ${depth} parts)
+  endif()
+  list(JOIN parts "/" cut)
+  set(${out_var} "${cut}" PARENT_SCOPE)
+endfunction()
+
+file(GLOB_RECURSE headers RELATIVE ${INCLUDE_DIR}/towerpipe ${INCLUDE_DIR}/towerpipe/*.hpp ${INCLUDE_DIR}/towerpipe/*.cuh)
+set(failures "")
+
+# Sizes.
+foreach(header IN LISTS headers)
+  file(STRINGS ${INCLUDE_DIR}/towerpipe/${header} lines)
+  list(LENGTH lines count)
+  if(header STREQUAL "pipeline.hpp" AND count GREATER MAX_PIPELINE)
+    list(APPEND failures "pipeline.hpp has ${count} lines (at most ${MAX_PIPELINE}: it only sequences a step)")
+  endif()
+  if(count GREATER MAX_HEADER)
+    list(APPEND failures "${header} has ${count} lines (at most ${MAX_HEADER})")
+  endif()
+endforeach()
+
+# Every include, as pairs "from;to" of paths.
+set(includes "")
+set(deepest 1)
+foreach(header IN LISTS headers)
+  string(REPLACE "/" ";" parts "${header}")
+  list(LENGTH parts count)
+  if(count GREATER deepest)
+    set(deepest ${count})
+  endif()
+  file(STRINGS ${INCLUDE_DIR}/towerpipe/${header} lines REGEX "^#include \"towerpipe/")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^#include \"towerpipe/([^\"]*)\".*" "\\1" target "${line}")
+    list(APPEND includes "${header}>${target}")
+  endforeach()
+endforeach()
+
+set(edge_count 0)
+math(EXPR folder_depth "${deepest} - 1")
+foreach(depth RANGE 1 ${folder_depth})
+  set(edges "")
+  foreach(include IN LISTS includes)
+    string(REPLACE ">" ";" pair "${include}")
+    list(GET pair 0 from_header)
+    list(GET pair 1 to_header)
+    folder_at("${from_header}" ${depth} from)
+    folder_at("${to_header}" ${depth} to)
+    if(NOT from STREQUAL to)
+      string(MAKE_C_IDENTIFIER "${from}__${to}" key)
+      if(NOT DEFINED example_${depth}_${key})
+        set(example_${depth}_${key} "${from_header} includes ${to_header}")
+        list(APPEND edges "${from}>${to}")
+      endif()
+    endif()
+  endforeach()
+  list(LENGTH edges count)
+  math(EXPR edge_count "${edge_count} + ${count}")
+  foreach(edge IN LISTS edges)
+    string(REPLACE ">" ";" pair "${edge}")
+    list(GET pair 0 from)
+    list(GET pair 1 to)
+    if("${to}>${from}" IN_LIST edges AND from STRLESS to)
+      string(MAKE_C_IDENTIFIER "${from}__${to}" forward)
+      string(MAKE_C_IDENTIFIER "${to}__${from}" backward)
+      list(APPEND failures "folders ${from} and ${to} include each other (depth ${depth}): ${example_${depth}_${forward}}; "
+                           "${example_${depth}_${backward}}")
+    endif()
+  endforeach()
+endforeach()
+
+if(failures)
+  list(JOIN failures "\n  " listed)
+  message(FATAL_ERROR "the library's shape:\n  ${listed}")
+endif()
+list(LENGTH headers header_count)
+message(STATUS "${header_count} headers, ${edge_count} folder-to-folder include edges over depths 1-${folder_depth}, none two-way; "
+               "pipeline.hpp within ${MAX_PIPELINE} lines, every header within ${MAX_HEADER}")
