@@ -40,16 +40,18 @@ TOWERPIPE_HOST_DEVICE void copy_elements(T* target, const T* source) {
   for (unsigned l = 0; l < W; ++l) target[l] = source[l];
 }
 
-// The host path of the I/O below: the access reported, then made.
+// The host path of the I/O below: the access reported, then made unless the recorder refuses it.
 template <unsigned W, class T>
 void load_elements_on_host(T* target, const T* source) {
-  report_access(source, W * sizeof(T), operand_access::read);
-  copy_elements<W>(target, source);
+  if (report_access(source, W * sizeof(T), operand_access::read)) {
+    copy_elements<W>(target, source);
+  } else {
+    for (unsigned l = 0; l < W; ++l) target[l] = T();
+  }
 }
 template <unsigned W, class T>
 void store_elements_on_host(T* target, const T* source) {
-  report_access(target, W * sizeof(T), operand_access::write);
-  copy_elements<W>(target, source);
+  if (report_access(target, W * sizeof(T), operand_access::write)) copy_elements<W>(target, source);
 }
 
 template <unsigned W, class T>

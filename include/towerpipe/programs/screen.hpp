@@ -92,8 +92,7 @@ TOWERPIPE_HOST_DEVICE void note_nonfinite(const lanes<T, W>& values, int variabl
 // Keeps the smallest key at *target: an atomicMin on the device, a plain compare on the host (where the
 // agents run on one thread, the access reported as lanes.hpp's host I/O reports its own).
 inline void record_nonfinite_on_host(nonfinite_key* target, nonfinite_key key) {
-  report_access(target, sizeof(nonfinite_key), operand_access::read_write);
-  if (key < *target) *target = key;
+  if (report_access(target, sizeof(nonfinite_key), operand_access::read_write) && key < *target) *target = key;
 }
 TOWERPIPE_HOST_DEVICE inline void record_nonfinite(nonfinite_key* target, nonfinite_key key) {
 #if defined(__CUDACC__)
