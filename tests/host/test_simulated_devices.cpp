@@ -954,3 +954,62 @@ TEST_CASE("simulated devices: every agent and screen source of the library decla
     require_exact_source_declaration(accumulating, averaged.view(), tiles);
   }
 }
+
+namespace {
+
+// Lowers a key word to the least index of a non-finite input, as the tree's rounds lower theirs.
+struct lower_key_agent {
+  using value_type = float;
+  const_view in;
+  towerpipe::detail::nonfinite_key* key;
+
+  template <unsigned W>
+  void process(int v, unsigned i) const {
+    towerpipe::detail::nonfinite_key first = towerpipe::detail::no_nonfinite;
+    towerpipe::detail::note_nonfinite(load_lanes<W>(in.at(0, v) + i), v, i, 0, first);
+    if (first != towerpipe::detail::no_nonfinite) towerpipe::detail::record_nonfinite(key, first);
+  }
+  template <class F>
+  void operands(F&& f) const {
+    f(in, 0, 1, operand_access::read);
+    f(key, sizeof(towerpipe::detail::nonfinite_key), operand_access::read_write);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("simulated devices: atomic key updates from unordered streams do not race; a plain access to the key does", "[simulation]") {
+  using towerpipe::detail::nonfinite_key;
+  for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+    CAPTURE(seed);
+    const exec_t exec(make_machine(1, seed));
+    const exec_t::screen screen(exec, std::vector<tensor_chunk>{}, 0);  // its key word
+    const exec_t::stream a(exec, 0, "a"), b(exec, 0, "b"), keeper(exec, 0, "keeper");
+    const exec_t::event reset(exec, 0), lowered(exec, 0);
+    const device_buffer x(exec, 0, 5000), y(exec, 0, 5000);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    exec.copy_to_device_now(x.data.get() + 4321, &nan, sizeof nan);
+    exec.copy_to_device_now(y.data.get() + 17, &nan, sizeof nan);
+    const exec_t::chunk_table table(exec, chunks_of(5000), 0);
+    const exec_t::device_guard on(exec, 0);
+    screen.reset(keeper);
+    exec.record(reset, keeper);
+    exec.wait(a, reset);
+    exec.wait(b, reset);
+    table.launch<multi_tensor_policy>(lower_key_agent{x.table.const_view(), screen.first_nonfinite()}, a);
+    table.launch<multi_tensor_policy>(lower_key_agent{y.table.const_view(), screen.first_nonfinite()}, b);
+    exec.record(lowered, a);
+    exec.wait(keeper, lowered);  // but not for b
+    screen.read_key(keeper);
+    std::string found = error_of([&] { exec.synchronize(a); });
+    const std::string second = error_of([&] { exec.synchronize(b); });
+    const std::string third = error_of([&] { exec.synchronize(keeper); });
+    for (const std::string* e : {&second, &third}) found += *e;
+    REQUIRE_THAT(found, Contains("race on device 0's allocation") && Contains("updates atomically") && Contains("stream 'b'") &&
+                            Contains("copy_async") && Contains("stream 'keeper'"));
+    REQUIRE_THAT(found, !Contains("stream 'a'"));  // a and b lowered the key at once: atomics
+    std::vector<nonfinite_key> key(1);
+    exec.copy_to_host_now(key.data(), screen.first_nonfinite(), sizeof(nonfinite_key));
+    REQUIRE(key[0] == towerpipe::detail::make_nonfinite_key(0, 17, 0));
+  }
+}

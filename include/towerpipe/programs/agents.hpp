@@ -16,7 +16,8 @@
 //       roles [first_role, first_role + roles) of `table`: for every chunk c of the launch, the
 //       elements [c.first, c.first + c.count) of variable c.variable at table.at(role, c.variable);
 //   f(const U* word, std::size_t bytes, operand_access access)
-//       one fixed place (a non-finite key word).
+//       one fixed place (a non-finite key word); read_write: an atomic read-modify-write
+//       (record_nonfinite, an atomicMin on the device), which does not race with others of its kind.
 // It must say exactly what process()/average() reach: the simulation checks every access against it.
 
 #include <cstddef>

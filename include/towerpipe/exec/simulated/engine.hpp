@@ -169,7 +169,7 @@ class engine {
       for (const stream_state& s : queues_.streams()) {
         if (drained_here(s)) join(host_clock_, s.clock);
       }
-      host_op(make_message("free of ", describe(freed)), {{freed, freed.base, freed.end(), true}});
+      host_op(make_message("free of ", describe(freed)), {{freed, freed.base, freed.end(), access_kind::write}});
       history_.forget(freed.id);
       memory_.release(base);
     } catch (...) {
@@ -273,8 +273,8 @@ class engine {
         const allocation& from = async_side(src, r.bytes, r.src_owner, what, "source");
         if (dst < src + r.bytes && src < dst + r.bytes)
           fail(what, ": source and destination overlap (", describe_bytes(to, dst, dst + r.bytes), ")");
-        accesses.push_back({from, src, src + r.bytes, false});
-        accesses.push_back({to, dst, dst + r.bytes, true});
+        accesses.push_back({from, src, src + r.bytes, access_kind::read});
+        accesses.push_back({to, dst, dst + r.bytes, access_kind::write});
         const bool local = to.owner == from.owner && to.owner != pinned_host;
         seconds += static_cast<double>(r.bytes) / (local ? device_bytes_per_second : link_bytes_per_second);
         work.push_back(r);
@@ -292,7 +292,7 @@ class engine {
       const auto lo = reinterpret_cast<std::uintptr_t>(dst);
       const allocation& to = async_side(lo, bytes, any_owner, "memset_async", "destination");
       ++counts_.memsets;
-      enqueue(stream, "memset_async", {{to, lo, lo + bytes, true}}, [dst, byte, bytes] { std::memset(dst, byte, bytes); },
+      enqueue(stream, "memset_async", {{to, lo, lo + bytes, access_kind::write}}, [dst, byte, bytes] { std::memset(dst, byte, bytes); },
               op_latency_seconds + static_cast<double>(bytes) / device_bytes_per_second);
     });
   }
@@ -304,7 +304,7 @@ class engine {
       const auto lo = reinterpret_cast<std::uintptr_t>(dst), hi = lo + count * sizeof(U);
       const allocation to = reached_by_kernel(lo, hi, stream, "fill_async");
       ++counts_.memsets;
-      enqueue(stream, "fill_async", {{to, lo, hi, true}}, [dst, count, value] { std::fill_n(dst, count, value); },
+      enqueue(stream, "fill_async", {{to, lo, hi, access_kind::write}}, [dst, count, value] { std::fill_n(dst, count, value); },
               op_latency_seconds + static_cast<double>(hi - lo) / device_bytes_per_second);
     });
   }
@@ -318,7 +318,7 @@ class engine {
         ++counts_.launches;
         const auto lo = reinterpret_cast<std::uintptr_t>(data), hi = lo + count * sizeof(U);
         const allocation from = reached_by_kernel(lo, hi, stream, "find_first");
-        enqueue(stream, "find_first", {{from, lo, hi, false}},
+        enqueue(stream, "find_first", {{from, lo, hi, access_kind::read}},
                 [data, count, value, found] { *found = static_cast<std::size_t>(std::find(data, data + count, value) - data); },
                 op_latency_seconds + static_cast<double>(hi - lo) / device_bytes_per_second);
       }
@@ -344,8 +344,9 @@ class engine {
       const placement host = memory_.place(host_side, host_side + bytes, [&] { return make_message(what, ": the host side"); });
       if (host.holder != nullptr && host.holder->owner != pinned_host)
         fail(what, ": the host side is ", describe(*host.holder), ", not host memory");
-      std::vector<op_access> accesses{{*device.holder, device_side, device_side + bytes, to_device}};
-      if (host.holder != nullptr) accesses.push_back({*host.holder, host_side, host_side + bytes, !to_device});
+      const auto kind = [](bool writes) { return writes ? access_kind::write : access_kind::read; };
+      std::vector<op_access> accesses{{*device.holder, device_side, device_side + bytes, kind(to_device)}};
+      if (host.holder != nullptr) accesses.push_back({*host.holder, host_side, host_side + bytes, kind(!to_device)});
       host_op(what, accesses);
       std::memcpy(dst, src, bytes);
     });
@@ -359,7 +360,7 @@ class engine {
       if (place.holder == nullptr) return;
       if (place.holder->owner != pinned_host)
         fail(what, ": the host cannot touch ", describe_bytes(*place.holder, lo, lo + bytes), " (device memory)");
-      host_op(what, {{*place.holder, lo, lo + bytes, access != operand_access::read}});
+      host_op(what, {{*place.holder, lo, lo + bytes, access == operand_access::read ? access_kind::read : access_kind::write}});
     });
   }
   // Host code acting as `stream`'s own work: what is pending on the stream runs first, then the access
@@ -380,7 +381,8 @@ class engine {
       const epoch at{s.component, tick(s.clock, s.component)};
       const std::uint64_t sequence = ++op_sequence_;
       const auto name = std::make_shared<const std::string>(make_message("host access as ", stream_text(s), " (op #", sequence, ")"));
-      check_and_record({{*place.holder, lo, lo + bytes, access != operand_access::read}}, s.clock, at, sequence, name);
+      check_and_record({{*place.holder, lo, lo + bytes, access == operand_access::read ? access_kind::read : access_kind::write}}, s.clock,
+                       at, sequence, name);
     });
   }
   // What the CUDA executor learns from cudaGetLastError: here, only violations kept from frees.
@@ -495,7 +497,8 @@ class engine {
     std::vector<op_access> accesses;
     double seconds = op_latency_seconds;
     for (const declared_range& r : declared.ranges) {
-      accesses.push_back({r.holder, r.lo, r.hi, r.access != operand_access::read});
+      accesses.push_back({r.holder, r.lo, r.hi,
+                          r.atomic ? access_kind::atomic : r.access == operand_access::read ? access_kind::read : access_kind::write});
       seconds += static_cast<double>(r.hi - r.lo) / device_bytes_per_second;
     }
     const auto operands = std::make_shared<const launch_operands>(std::move(declared));
@@ -557,8 +560,8 @@ class engine {
 
   void execute(op& o) {
     for (const op_access& a : o.accesses) {
-      history_.conflicts(a.holder.id, a.lo, a.hi, a.write, o.clock, [&](const access_record& earlier) {
-        report_race(earlier.op, o.sequence, race_text(a.holder, *earlier.by, earlier.write, earlier.lo, earlier.hi, *o.name, a, ""));
+      history_.conflicts(a.holder.id, a.lo, a.hi, a.kind, o.clock, [&](const access_record& earlier) {
+        report_race(earlier.op, o.sequence, race_text(a.holder, *earlier.by, earlier.kind, earlier.lo, earlier.hi, *o.name, a, ""));
       });
     }
     if (o.work) {
@@ -569,7 +572,7 @@ class engine {
       }
       o.work = nullptr;  // what it captured goes
     }
-    for (const op_access& a : o.accesses) history_.record(a.holder.id, {a.lo, a.hi, a.write, o.at, o.sequence, o.name}, o.clock);
+    for (const op_access& a : o.accesses) history_.record(a.holder.id, {a.lo, a.hi, a.kind, o.at, o.sequence, o.name}, o.clock);
     stream_state& s = queues_.stream(o.stream);
     const double start = std::max(s.ready_at, o.awaited != nullptr ? o.awaited->finished_at : 0.0);
     o.finished_at = s.ready_at = start + o.seconds;
@@ -594,19 +597,19 @@ class engine {
   void check_and_record(const std::vector<op_access>& accesses, const vector_clock& clock, const epoch& at, std::uint64_t sequence,
                         const std::shared_ptr<const std::string>& name) {
     for (const op_access& a : accesses) {
-      history_.conflicts(a.holder.id, a.lo, a.hi, a.write, clock, [&](const access_record& earlier) {
-        report_race(earlier.op, sequence, race_text(a.holder, *earlier.by, earlier.write, earlier.lo, earlier.hi, *name, a, ""));
+      history_.conflicts(a.holder.id, a.lo, a.hi, a.kind, clock, [&](const access_record& earlier) {
+        report_race(earlier.op, sequence, race_text(a.holder, *earlier.by, earlier.kind, earlier.lo, earlier.hi, *name, a, ""));
       });
       for (const stream_state& s : queues_.streams()) {
         for (const std::shared_ptr<op>& pending : s.pending) {
           for (const op_access& p : pending->accesses) {
-            if (p.holder.id == a.holder.id && p.lo < a.hi && a.lo < p.hi && (p.write || a.write))
-              report_race(pending->sequence, sequence, race_text(a.holder, *pending->name, p.write, p.lo, p.hi, *name, a, ", still pending,"));
+            if (p.holder.id == a.holder.id && p.lo < a.hi && a.lo < p.hi && conflicting(p.kind, a.kind))
+              report_race(pending->sequence, sequence, race_text(a.holder, *pending->name, p.kind, p.lo, p.hi, *name, a, ", still pending,"));
           }
         }
       }
     }
-    for (const op_access& a : accesses) history_.record(a.holder.id, {a.lo, a.hi, a.write, at, sequence, name}, clock);
+    for (const op_access& a : accesses) history_.record(a.holder.id, {a.lo, a.hi, a.kind, at, sequence, name}, clock);
   }
 
   // A race between two ops is reported once, however many of their accesses conflict and from whichever
@@ -615,12 +618,11 @@ class engine {
     if (reported_.insert({std::min(one, other), std::max(one, other)}).second) found_.push_back(std::move(text));
   }
 
-  static std::string race_text(const allocation& holder, const std::string& earlier, bool earlier_writes, std::uintptr_t earlier_lo,
+  static std::string race_text(const allocation& holder, const std::string& earlier, access_kind earlier_kind, std::uintptr_t earlier_lo,
                                std::uintptr_t earlier_hi, const std::string& later, const op_access& access, const char* earlier_state) {
-    const auto verb = [](bool writes) { return writes ? "writes" : "reads"; };
     const auto bytes = [&](std::uintptr_t lo, std::uintptr_t hi) { return make_message("bytes [", lo - holder.base, ", ", hi - holder.base, ")"); };
-    return make_message("race on ", describe(holder), ": ", earlier, earlier_state, " ", verb(earlier_writes), " ",
-                        bytes(earlier_lo, earlier_hi), " and ", later, " ", verb(access.write), " ", bytes(access.lo, access.hi),
+    return make_message("race on ", describe(holder), ": ", earlier, earlier_state, " ", verb(earlier_kind), " ",
+                        bytes(earlier_lo, earlier_hi), " and ", later, " ", verb(access.kind), " ", bytes(access.lo, access.hi),
                         ", and no event wait or host synchronisation orders them");
   }
 

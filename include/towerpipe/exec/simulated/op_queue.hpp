@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "towerpipe/exec/simulated/access_history.hpp"
 #include "towerpipe/exec/simulated/memory_registry.hpp"
 #include "towerpipe/exec/simulated/vector_clock.hpp"
 
@@ -21,11 +22,11 @@ namespace towerpipe {
 namespace detail {
 namespace simulation {
 
-// Bytes [lo, hi) of an allocation that an op reads or writes.
+// Bytes [lo, hi) of an allocation that an op touches.
 struct op_access {
   allocation holder;
   std::uintptr_t lo, hi;
-  bool write;
+  access_kind kind;
 };
 
 struct op {

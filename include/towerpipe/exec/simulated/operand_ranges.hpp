@@ -69,6 +69,7 @@ struct declared_range {
   std::uintptr_t lo, hi;
   operand_access access;
   allocation holder;
+  bool atomic;  // a word declared read_write: the device updates it with an atomic (record_nonfinite)
 };
 
 // Fails unless a kernel on `device` reaches the memory at `place` (which starts at `lo`): the device's
@@ -139,7 +140,7 @@ class operand_collector {
         if (access != operand_access::read && lo % vector_bytes != 0)
           fail(launch_, ": stores through ", where(), " at ", address_text(lo), ", which is not ", vector_bytes,
                "-byte aligned: the kernel's vector store of ", vector_elements_, " elements would fault there");
-        const allocation& holder = add(lo, lo + std::size_t(chunk.count) * sizeof(U), access, where);
+        const allocation holder = add(lo, lo + std::size_t(chunk.count) * sizeof(U), access, where).holder;
         if (chunk.variable == last_variable && holder.id != last_holder)
           fail(launch_, ": ", where(), " lies in ", describe(holder), ", the variable's earlier elements in allocation #", last_holder,
                ": the variable runs past the end of its allocation");
@@ -153,18 +154,18 @@ class operand_collector {
   void operator()(const U* word, std::size_t bytes, operand_access access) {
     if (word == nullptr) fail(launch_, ": declares a word at a null pointer");
     const auto lo = reinterpret_cast<std::uintptr_t>(word);
-    if (bytes != 0) add(lo, lo + bytes, access, [] { return std::string("a declared word"); });
+    if (bytes != 0) add(lo, lo + bytes, access, [] { return std::string("a declared word"); }).atomic = access == operand_access::read_write;
   }
 
   launch_operands finish() && {
     std::sort(raw_.begin(), raw_.end(), [](const declared_range& a, const declared_range& b) {
-      return a.access != b.access ? a.access < b.access : a.lo < b.lo;
+      return a.access != b.access ? a.access < b.access : a.atomic != b.atomic ? a.atomic < b.atomic : a.lo < b.lo;
     });
     launch_operands out;
     std::vector<interval> readable, writable;
     for (const declared_range& r : raw_) {
       declared_range* last = out.ranges.empty() ? nullptr : &out.ranges.back();
-      if (last != nullptr && last->access == r.access && last->holder.id == r.holder.id && r.lo <= last->hi)
+      if (last != nullptr && last->access == r.access && last->atomic == r.atomic && last->holder.id == r.holder.id && r.lo <= last->hi)
         last->hi = std::max(last->hi, r.hi);
       else
         out.ranges.push_back(r);
@@ -179,11 +180,10 @@ class operand_collector {
  private:
   // Bytes [lo, hi) inside one allocation that the launch's device reaches.
   template <class Where>
-  const allocation& add(std::uintptr_t lo, std::uintptr_t hi, operand_access access, const Where& where) {
+  declared_range& add(std::uintptr_t lo, std::uintptr_t hi, operand_access access, const Where& where) {
     const placement place = memory_.place(lo, hi, [&] { return make_message(launch_, " (", where(), ")"); });
     check_device_reaches(memory_, device_, place, peers_, lo, [&] { return make_message(launch_, " reaches ", where()); });
-    raw_.push_back({lo, hi, access, *place.holder});
-    return *place.holder;
+    return raw_.emplace_back(declared_range{lo, hi, access, *place.holder, false});
   }
 
   const memory_registry& memory_;
