@@ -312,7 +312,8 @@ TEST_CASE("simulated devices: a launch needs its stream's device current, and th
                Contains("while device 0 is current") && Contains("device_guard"));
   {
     const exec_t::device_guard on(exec, 0);
-    REQUIRE_THAT(error_of([&] { table.launch<multi_tensor_policy>(agent, s0); }), Contains("a chunk table of device 1 launched on stream 'tower 0'"));
+    REQUIRE_THAT(error_of([&] { table.launch<multi_tensor_policy>(agent, s0); }),
+                 Contains("a chunk table of device 1 launched on stream 'tower 0'"));
   }
   const exec_t::device_guard on(exec, 1);
   table.launch<multi_tensor_policy>(agent, s1);
@@ -331,7 +332,8 @@ TEST_CASE("simulated devices: an agent touching what its operands() does not dec
     liar.honest = false;
     table.launch<multi_tensor_policy>(liar, s);
     REQUIRE_THAT(error_of([&] { exec.synchronize(s); }),
-                 Contains("launch of scale_agent") && Contains("writes 16 bytes at 0x") && Contains("bytes [0, 16) of device 0's allocation") &&
+                 Contains("launch of scale_agent") && Contains("writes 16 bytes at 0x") &&
+                     Contains("bytes [0, 16) of device 0's allocation") &&
                      Contains("outside what its operands() declares for writing") && Contains("the nearest declared range is"));
     table.launch<multi_tensor_policy>(increment_declared_as_read{in.table.view()}, s);
     REQUIRE_THAT(error_of([&] { exec.synchronize(s); }),

@@ -337,7 +337,8 @@ class engine {
       ++counts_.copies;
       const auto device_side = reinterpret_cast<std::uintptr_t>(to_device ? dst : src);
       const auto host_side = reinterpret_cast<std::uintptr_t>(to_device ? src : dst);
-      const placement device = memory_.place(device_side, device_side + bytes, [&] { return make_message(what, ": the device side"); });
+      const placement device =
+          memory_.place(device_side, device_side + bytes, [&] { return make_message(what, ": the device side"); });
       if (device.holder == nullptr || device.holder->owner == pinned_host)
         fail(what, ": the device side at ", address_text(device_side), " is not device memory (",
              device.holder == nullptr ? "pageable host memory" + memory_.after_text(device_side) : describe(*device.holder), ")");
@@ -360,7 +361,7 @@ class engine {
       if (place.holder == nullptr) return;
       if (place.holder->owner != pinned_host)
         fail(what, ": the host cannot touch ", describe_bytes(*place.holder, lo, lo + bytes), " (device memory)");
-      host_op(what, {{*place.holder, lo, lo + bytes, access == operand_access::read ? access_kind::read : access_kind::write}});
+      host_op(what, {{*place.holder, lo, lo + bytes, plain_kind(access)}});
     });
   }
   // Host code acting as `stream`'s own work: what is pending on the stream runs first, then the access
@@ -381,8 +382,7 @@ class engine {
       const epoch at{s.component, tick(s.clock, s.component)};
       const std::uint64_t sequence = ++op_sequence_;
       const auto name = std::make_shared<const std::string>(make_message("host access as ", stream_text(s), " (op #", sequence, ")"));
-      check_and_record({{*place.holder, lo, lo + bytes, access == operand_access::read ? access_kind::read : access_kind::write}}, s.clock,
-                       at, sequence, name);
+      check_and_record({{*place.holder, lo, lo + bytes, plain_kind(access)}}, s.clock, at, sequence, name);
     });
   }
   // What the CUDA executor learns from cudaGetLastError: here, only violations kept from frees.
@@ -472,13 +472,17 @@ class engine {
   void throw_kept() { throw_first(kept_); }
   void throw_found() { throw_first(found_); }
 
+  static access_kind plain_kind(operand_access access) {
+    return access == operand_access::read ? access_kind::read : access_kind::write;
+  }
+
   std::string stream_text(const stream_state& s) const {
     return make_message("stream '", s.label, "' (#", s.component, ", device ", s.device, ")");
   }
 
   // The chunks [run.first, run.last) of a launch, after the checks every launch makes.
-  std::vector<tensor_chunk> launch_run(const std::string& name, const std::vector<tensor_chunk>& chunks, chunk_group run, int table_device,
-                                       std::size_t stream, const char* table) {
+  std::vector<tensor_chunk> launch_run(const std::string& name, const std::vector<tensor_chunk>& chunks, chunk_group run,
+                                       int table_device, std::size_t stream, const char* table) {
     if (run.last == every_chunk.last) run.last = chunks.size();
     if (run.first > run.last || run.last > chunks.size())
       fail(name, ": chunks [", run.first, ", ", run.last, ") launched from a ", table, " of ", chunks.size());
@@ -497,8 +501,7 @@ class engine {
     std::vector<op_access> accesses;
     double seconds = op_latency_seconds;
     for (const declared_range& r : declared.ranges) {
-      accesses.push_back({r.holder, r.lo, r.hi,
-                          r.atomic ? access_kind::atomic : r.access == operand_access::read ? access_kind::read : access_kind::write});
+      accesses.push_back({r.holder, r.lo, r.hi, r.atomic ? access_kind::atomic : plain_kind(r.access)});
       seconds += static_cast<double>(r.hi - r.lo) / device_bytes_per_second;
     }
     const auto operands = std::make_shared<const launch_operands>(std::move(declared));
@@ -604,7 +607,8 @@ class engine {
         for (const std::shared_ptr<op>& pending : s.pending) {
           for (const op_access& p : pending->accesses) {
             if (p.holder.id == a.holder.id && p.lo < a.hi && a.lo < p.hi && conflicting(p.kind, a.kind))
-              report_race(pending->sequence, sequence, race_text(a.holder, *pending->name, p.kind, p.lo, p.hi, *name, a, ", still pending,"));
+              report_race(pending->sequence, sequence,
+                          race_text(a.holder, *pending->name, p.kind, p.lo, p.hi, *name, a, ", still pending,"));
           }
         }
       }
@@ -618,9 +622,12 @@ class engine {
     if (reported_.insert({std::min(one, other), std::max(one, other)}).second) found_.push_back(std::move(text));
   }
 
-  static std::string race_text(const allocation& holder, const std::string& earlier, access_kind earlier_kind, std::uintptr_t earlier_lo,
-                               std::uintptr_t earlier_hi, const std::string& later, const op_access& access, const char* earlier_state) {
-    const auto bytes = [&](std::uintptr_t lo, std::uintptr_t hi) { return make_message("bytes [", lo - holder.base, ", ", hi - holder.base, ")"); };
+  static std::string race_text(const allocation& holder, const std::string& earlier, access_kind earlier_kind,
+                               std::uintptr_t earlier_lo, std::uintptr_t earlier_hi, const std::string& later, const op_access& access,
+                               const char* earlier_state) {
+    const auto bytes = [&](std::uintptr_t lo, std::uintptr_t hi) {
+      return make_message("bytes [", lo - holder.base, ", ", hi - holder.base, ")");
+    };
     return make_message("race on ", describe(holder), ": ", earlier, earlier_state, " ", verb(earlier_kind), " ",
                         bytes(earlier_lo, earlier_hi), " and ", later, " ", verb(access.kind), " ", bytes(access.lo, access.hi),
                         ", and no event wait or host synchronisation orders them");

@@ -144,7 +144,8 @@ class simulated_executor {
     engine().check_device(src_device, "copy_peer_async");
     engine().copy({{dst, src, bytes, dst_device, src_device}}, stream_id(*machine_, s), "copy_peer_async");
   }
-  void copy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* bytes, std::size_t count, const stream& s) const {
+  void copy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* bytes, std::size_t count,
+                        const stream& s) const {
     std::vector<simulation::copy_range> ranges;
     for (std::size_t i = 0; i < count; ++i) ranges.push_back({dsts[i], srcs[i], bytes[i]});
     engine().copy(ranges, stream_id(*machine_, s), "copy_batch_async");

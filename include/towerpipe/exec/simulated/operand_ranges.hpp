@@ -3,8 +3,9 @@
 // (programs/agents.hpp operands()) over the launch's chunks, checked as the device would meet them —
 // inside one allocation, on the launch's device or a peer it has access to, stores vector-aligned —
 // and the checker that the agents' host I/O reports every access to (programs/access_hook.hpp), which
-// refuses an access outside the declaration (it is not made) and keeps the first for the message. Building the ranges costs
-// O(roles x chunks); checking an access, a binary search over the merged ranges.
+// refuses an access outside the declaration (it is not made) and keeps the first for the message.
+// Building the ranges costs O(roles x chunks); checking an access, a binary search over the merged
+// ranges.
 
 #include <algorithm>
 #include <cstddef>
@@ -75,10 +76,11 @@ struct declared_range {
 // Fails unless a kernel on `device` reaches the memory at `place` (which starts at `lo`): the device's
 // own, or a peer's whose access `device` has enabled. what(): who reaches what, for the message.
 template <class What>
-void check_device_reaches(const memory_registry& memory, int device, const placement& place, const std::set<std::pair<int, int>>& peers,
-                          std::uintptr_t lo, const What& what) {
+void check_device_reaches(const memory_registry& memory, int device, const placement& place,
+                          const std::set<std::pair<int, int>>& peers, std::uintptr_t lo, const What& what) {
   if (place.holder == nullptr)
-    fail(what(), " at ", address_text(lo), memory.after_text(lo), " on device ", device, ": pageable host memory, which no device reaches");
+    fail(what(), " at ", address_text(lo), memory.after_text(lo), " on device ", device,
+         ": pageable host memory, which no device reaches");
   const int owner = place.holder->owner;
   if (owner == pinned_host)
     fail(what(), " in ", describe(*place.holder), " on device ", device, ": host memory, not memory of device ", device);
@@ -118,7 +120,8 @@ class operand_collector {
   void operator()(const pointer_table<U>& table, int first_role, int roles, operand_access access) {
     if (roles == 0 || chunk_count_ == 0) return;
     if (first_role < 0 || roles < 0) fail(launch_, ": declares roles [", first_role, ", ", first_role + roles, ") of a pointer table");
-    if (table.pointers == nullptr) fail(launch_, ": declares roles of a pointer table without a pointer array");
+    if (table.pointers == nullptr || table.variables <= 0)
+      fail(launch_, ": declares roles of a pointer table without a pointer array (", table.variables, " variables)");
     // The kernel reads the table's entries from device memory too.
     const auto entries = reinterpret_cast<std::uintptr_t>(table.pointers + first_role * table.variables);
     add(entries, entries + std::size_t(roles) * std::size_t(table.variables) * sizeof(U*), operand_access::read,
@@ -154,7 +157,9 @@ class operand_collector {
   void operator()(const U* word, std::size_t bytes, operand_access access) {
     if (word == nullptr) fail(launch_, ": declares a word at a null pointer");
     const auto lo = reinterpret_cast<std::uintptr_t>(word);
-    if (bytes != 0) add(lo, lo + bytes, access, [] { return std::string("a declared word"); }).atomic = access == operand_access::read_write;
+    if (bytes == 0) return;
+    declared_range& range = add(lo, lo + bytes, access, [] { return std::string("a declared word"); });
+    range.atomic = access == operand_access::read_write;
   }
 
   launch_operands finish() && {
@@ -165,7 +170,9 @@ class operand_collector {
     std::vector<interval> readable, writable;
     for (const declared_range& r : raw_) {
       declared_range* last = out.ranges.empty() ? nullptr : &out.ranges.back();
-      if (last != nullptr && last->access == r.access && last->atomic == r.atomic && last->holder.id == r.holder.id && r.lo <= last->hi)
+      const bool extends = last != nullptr && last->access == r.access && last->atomic == r.atomic && last->holder.id == r.holder.id &&
+                           r.lo <= last->hi;
+      if (extends)
         last->hi = std::max(last->hi, r.hi);
       else
         out.ranges.push_back(r);
@@ -241,11 +248,15 @@ class operand_checker final : public access_recorder {
     std::uintptr_t best = 0;
     for (const declared_range& r : declared_.ranges) {
       const std::uintptr_t distance = hi <= r.lo ? r.lo - hi : r.hi <= lo ? lo - r.hi : 0;
-      if (nearest == nullptr || distance < best) nearest = &r, best = distance;
+      if (nearest == nullptr || distance < best) {
+        nearest = &r;
+        best = distance;
+      }
     }
-    const std::string near = nearest == nullptr ? std::string("it declares nothing")
-                                                : make_message("the nearest declared range is ", describe_bytes(nearest->holder, nearest->lo, nearest->hi),
-                                                               " (", access_text(nearest->access), ")");
+    const std::string near =
+        nearest == nullptr ? std::string("it declares nothing")
+                           : make_message("the nearest declared range is ", describe_bytes(nearest->holder, nearest->lo, nearest->hi), " (",
+                                          access_text(nearest->access), ")");
     return make_message(launch_, " ", verb, " ", hi - lo, " bytes at ", address_text(lo), " (", where,
                         "), outside what its operands() declares for ", purpose, "; ", near);
   }
