@@ -980,7 +980,7 @@ struct lower_key_agent {
 
 }  // namespace
 
-TEST_CASE("simulated devices: atomic key updates from unordered streams do not race; a plain access to the key does", "[simulation]") {
+TEST_CASE("simulated devices: atomic key updates from unordered streams do not race, a plain access to the key does", "[simulation]") {
   using towerpipe::detail::nonfinite_key;
   for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
     CAPTURE(seed);
