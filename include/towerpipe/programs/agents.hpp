@@ -8,6 +8,17 @@
 // towers' gradients (tower_average_source there, edge_average_source here for the p2p tree's last edge),
 // and the optimizer then runs fused_apply_agent over the one averaged buffer with the step's scale as
 // its only weight.
+//
+// Every agent and screen source also lists what it touches, for executors that check launches (the
+// simulated devices, exec/simulated/); kernels never call it. `template <class F> void operands(F&& f)
+// const` calls, in terms of the launch's chunks:
+//   f(const pointer_table<U>& table, int first_role, int roles, operand_access access)
+//       roles [first_role, first_role + roles) of `table`: for every chunk c of the launch, the
+//       elements [c.first, c.first + c.count) of variable c.variable at table.at(role, c.variable);
+//   f(const U* word, std::size_t bytes, operand_access access)
+//       one fixed place (a non-finite key word); read_write: an atomic read-modify-write
+//       (record_nonfinite, an atomicMin on the device), which does not race with others of its kind.
+// It must say exactly what process()/average() reach: the simulation checks every access against it.
 
 #include <cstddef>
 #include <type_traits>
@@ -19,6 +30,7 @@
 #include "towerpipe/programs/canonical_order.hpp"
 #include "towerpipe/programs/chunk_table.hpp"
 #include "towerpipe/programs/lanes.hpp"
+#include "towerpipe/programs/operands.hpp"
 #include "towerpipe/programs/screen.hpp"
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
@@ -80,6 +92,20 @@ struct optimizer_apply {
     const lanes<Stored, W> stored = narrow_lanes<Stored>(p);
     for (int r = 0; r < replica_count; ++r) store_lanes<W>(replicas.at(r, v) + i, stored);
   }
+
+  // What apply() touches, for the operands() of the agents that call it.
+  template <class F>
+  void operands(F&& f) const {
+    if constexpr (mixed) {
+      f(master, 0, 1, operand_access::read_write);
+      f(replicas, 0, replica_count, operand_access::write);
+    } else {
+      // p is read from replica 0, which is written back with the others.
+      f(replicas, 0, 1, replica_count > 0 ? operand_access::read_write : operand_access::read);
+      if (replica_count > 1) f(replicas, 1, replica_count - 1, operand_access::write);
+    }
+    f(state, 0, state_slots, operand_access::read_write);
+  }
 };
 
 // reduce::device0 in one pass: g = canonical sum over towers t of weights[t] * gradient_t, then apply.
@@ -101,6 +127,12 @@ struct fused_apply_agent {
         n, [&](int t, int slot) { partial[slot] = scaled_lanes<W>(weights[t], gradients.at(t, v) + i); },
         [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
     apply.template apply<W>(v, i, partial[0]);
+  }
+
+  template <class F>
+  void operands(F&& f) const {
+    f(gradients, 0, Towers > 0 ? Towers : towers, operand_access::read);
+    apply.operands(f);
   }
 };
 
@@ -131,6 +163,15 @@ struct tree_edge {
     return add_lanes(operand<W>(at, left, left_raw, left_weight, v, i, first), operand<W>(at, right, right_raw, right_weight, v, i, first));
   }
 
+  // What combine() reads: each side's raw gradient or partial sum, and nothing of the other towers.
+  template <class Stored, class F>
+  void operands(const tree_operands<T, Stored>& at, F&& f) const {
+    if (left_raw) f(at.raw, left, 1, operand_access::read);
+    else f(at.sums, left, 1, operand_access::read);
+    if (right_raw) f(at.raw, right, 1, operand_access::read);
+    else f(at.sums, right, 1, operand_access::read);
+  }
+
  private:
   template <unsigned W, class Stored>
   TOWERPIPE_HOST_DEVICE static lanes<T, W> operand(const tree_operands<T, Stored>& at, int tower, bool raw, T weight, int v, unsigned i,
@@ -145,12 +186,17 @@ struct tree_edge {
 // The p2p tree's last edge as the screen's source (programs/screen.hpp).
 template <class T, class Stored = T>
 struct edge_average_source {
-  tree_operands<T, Stored> operands;
+  tree_operands<T, Stored> tree;
   tree_edge<T> edge;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE lanes<T, W> average(int v, unsigned i, nonfinite_key& first) const {
-    return edge.template combine<W>(operands, v, i, first);
+    return edge.template combine<W>(tree, v, i, first);
+  }
+
+  template <class F>
+  void operands(F&& f) const {
+    edge.operands(tree, f);
   }
 };
 
@@ -177,15 +223,22 @@ std::vector<std::vector<tree_edge<T>>> canonical_tree_rounds(int towers, const s
 template <class T, class Stored = T>
 struct tree_round_agent {
   using value_type = T;
-  tree_operands<T, Stored> operands;
+  tree_operands<T, Stored> tree;
   tree_edge<T> edge;
   nonfinite_key* first_nonfinite;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     nonfinite_key first = no_nonfinite;
-    store_lanes<W>(operands.sums.at(edge.left, v) + i, edge.template combine<W>(operands, v, i, first));
+    store_lanes<W>(tree.sums.at(edge.left, v) + i, edge.template combine<W>(tree, v, i, first));
     if (first != no_nonfinite && first_nonfinite != nullptr) record_nonfinite(first_nonfinite, first);
+  }
+
+  template <class F>
+  void operands(F&& f) const {
+    edge.operands(tree, f);
+    f(tree.sums, edge.left, 1, operand_access::write);
+    if (first_nonfinite != nullptr) f(first_nonfinite, sizeof(nonfinite_key), operand_access::read_write);
   }
 };
 
@@ -193,14 +246,20 @@ struct tree_round_agent {
 template <class Optim, class T, class Stored = T>
 struct tree_root_agent {
   using value_type = T;
-  tree_operands<T, Stored> operands;
+  tree_operands<T, Stored> tree;
   tree_edge<T> edge;
   optimizer_apply<Optim, T, Stored> apply;
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     nonfinite_key unchecked = no_nonfinite;
-    apply.template apply<W>(v, i, edge.template combine<W>(operands, v, i, unchecked));
+    apply.template apply<W>(v, i, edge.template combine<W>(tree, v, i, unchecked));
+  }
+
+  template <class F>
+  void operands(F&& f) const {
+    edge.operands(tree, f);
+    apply.operands(f);
   }
 };
 
@@ -218,6 +277,12 @@ struct copy_agent {
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     const lanes<Stored, W> value = narrow_lanes<Stored>(load_lanes<W>(source.at(0, v) + i));  // the identity where T == Stored
     for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
+  }
+
+  template <class F>
+  void operands(F&& f) const {
+    f(source, 0, 1, operand_access::read);
+    f(targets, 0, target_count, operand_access::write);
   }
 };
 

@@ -7,7 +7,8 @@
 // chunk size, and check_vector_aligned (programs/chunk_table.hpp) every table a reducer builds. The
 // store relies on that: CUB's vectorised load falls back to scalar loads on a misaligned pointer, but
 // its store (CCCL 3.0 cub/block/block_store.cuh) writes through the vector type regardless, which
-// faults. Plain C++ where not compiled by nvcc.
+// faults. Plain C++ where not compiled by nvcc. The host path reports every access to the calling
+// thread's access recorder, if any (programs/access_hook.hpp); the device path does not.
 
 #include <cstring>
 #include <type_traits>
@@ -16,6 +17,7 @@
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/half_types.hpp"
 #include "towerpipe/core/rounded_math.hpp"
+#include "towerpipe/programs/access_hook.hpp"
 
 #if defined(__CUDACC__)
 #include <cub/block/block_load.cuh>
@@ -38,6 +40,20 @@ TOWERPIPE_HOST_DEVICE void copy_elements(T* target, const T* source) {
   for (unsigned l = 0; l < W; ++l) target[l] = source[l];
 }
 
+// The host path of the I/O below: the access reported, then made unless the recorder refuses it.
+template <unsigned W, class T>
+void load_elements_on_host(T* target, const T* source) {
+  if (report_access(source, W * sizeof(T), operand_access::read)) {
+    copy_elements<W>(target, source);
+  } else {
+    for (unsigned l = 0; l < W; ++l) target[l] = T();
+  }
+}
+template <unsigned W, class T>
+void store_elements_on_host(T* target, const T* source) {
+  if (report_access(target, W * sizeof(T), operand_access::write)) copy_elements<W>(target, source);
+}
+
 template <unsigned W, class T>
 TOWERPIPE_HOST_DEVICE lanes<T, W> load_lanes(const T* p) {
   lanes<T, W> result;
@@ -45,12 +61,12 @@ TOWERPIPE_HOST_DEVICE lanes<T, W> load_lanes(const T* p) {
   if constexpr (W > 1) {
     // linear_tid 0: the group at p is this thread's alone.
     NV_IF_TARGET(NV_IS_DEVICE, (cub::LoadDirectBlockedVectorized(0, const_cast<T*>(p), result.value);),
-                 (copy_elements<W>(result.value, p);))
+                 (load_elements_on_host<W>(result.value, p);))
   } else {
-    copy_elements<W>(result.value, p);
+    NV_IF_TARGET(NV_IS_DEVICE, (copy_elements<W>(result.value, p);), (load_elements_on_host<W>(result.value, p);))
   }
 #else
-  copy_elements<W>(result.value, p);
+  load_elements_on_host<W>(result.value, p);
 #endif
   return result;
 }
@@ -72,14 +88,14 @@ TOWERPIPE_HOST_DEVICE void store_lanes(T* p, lanes<T, W> v) {
     using word = typename half_group_word<W>::type;
     static_assert(sizeof(word) == W * sizeof(T), "towerpipe: a 16-bit group is one word");
     NV_IF_TARGET(NV_IS_DEVICE, (word w; memcpy(&w, v.value, sizeof w); *reinterpret_cast<word*>(p) = w;),
-                 (copy_elements<W>(p, v.value);))
+                 (store_elements_on_host<W>(p, v.value);))
   } else if constexpr (W > 1) {
-    NV_IF_TARGET(NV_IS_DEVICE, (cub::StoreDirectBlockedVectorized(0, p, v.value);), (copy_elements<W>(p, v.value);))
+    NV_IF_TARGET(NV_IS_DEVICE, (cub::StoreDirectBlockedVectorized(0, p, v.value);), (store_elements_on_host<W>(p, v.value);))
   } else {
-    copy_elements<W>(p, v.value);
+    NV_IF_TARGET(NV_IS_DEVICE, (copy_elements<W>(p, v.value);), (store_elements_on_host<W>(p, v.value);))
   }
 #else
-  copy_elements<W>(p, v.value);
+  store_elements_on_host<W>(p, v.value);
 #endif
 }
 

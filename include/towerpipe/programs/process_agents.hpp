@@ -23,6 +23,7 @@
 #include "towerpipe/programs/chunk_table.hpp"
 #include "towerpipe/programs/exchange_plan.hpp"
 #include "towerpipe/programs/lanes.hpp"
+#include "towerpipe/programs/operands.hpp"
 #include "towerpipe/programs/screen.hpp"
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN
@@ -65,6 +66,13 @@ struct contribution_agent {
     }
     if (first != no_nonfinite) record_nonfinite(first_nonfinite, first);
   }
+
+  template <class F>
+  void operands(F&& f) const {
+    f(gradients, 0, towers, operand_access::read);
+    f(rows, 0, partial ? 1 : towers, operand_access::write);
+    if (first_nonfinite != nullptr) f(first_nonfinite, sizeof(nonfinite_key), operand_access::read_write);
+  }
 };
 
 // The canonical sum over the rows that arrived at an owner, in global order. The rows are weighted
@@ -88,6 +96,11 @@ struct rows_sum_source {
   TOWERPIPE_HOST_DEVICE lanes<T, W> average(int v, unsigned i, nonfinite_key&) const {
     return sum<W>(v, i);
   }
+
+  template <class F>
+  void operands(F&& f) const {
+    f(rows, 0, count, operand_access::read);
+  }
 };
 
 // An owner's unchecked step: the sum over its rows, then the optimizer (programs/agents.hpp).
@@ -100,6 +113,12 @@ struct rows_apply_agent {
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     apply.template apply<W>(v, i, rows.template sum<W>(v, i));
+  }
+
+  template <class F>
+  void operands(F&& f) const {
+    rows.operands(f);
+    apply.operands(f);
   }
 };
 

@@ -29,9 +29,11 @@
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/exact_arithmetic.hpp"
 #include "towerpipe/core/rounded_math.hpp"
+#include "towerpipe/programs/access_hook.hpp"
 #include "towerpipe/programs/canonical_order.hpp"
 #include "towerpipe/programs/chunk_table.hpp"
 #include "towerpipe/programs/lanes.hpp"
+#include "towerpipe/programs/operands.hpp"
 
 #if defined(__CUDACC__)
 #include <nv/target>
@@ -88,12 +90,15 @@ TOWERPIPE_HOST_DEVICE void note_nonfinite(const lanes<T, W>& values, int variabl
 }
 
 // Keeps the smallest key at *target: an atomicMin on the device, a plain compare on the host (where the
-// agents run on one thread).
+// agents run on one thread, the access reported as lanes.hpp's host I/O reports its own).
+inline void record_nonfinite_on_host(nonfinite_key* target, nonfinite_key key) {
+  if (report_access(target, sizeof(nonfinite_key), operand_access::read_write) && key < *target) *target = key;
+}
 TOWERPIPE_HOST_DEVICE inline void record_nonfinite(nonfinite_key* target, nonfinite_key key) {
 #if defined(__CUDACC__)
-  NV_IF_TARGET(NV_IS_DEVICE, (atomicMin(target, key);), (if (key < *target) *target = key;))
+  NV_IF_TARGET(NV_IS_DEVICE, (atomicMin(target, key);), (record_nonfinite_on_host(target, key);))
 #else
-  if (key < *target) *target = key;
+  record_nonfinite_on_host(target, key);
 #endif
 }
 
@@ -137,6 +142,12 @@ struct tower_average_source {
         [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
     return partial[0];
   }
+
+  // What average() reads (programs/agents.hpp says how agents and sources declare their operands).
+  template <class F>
+  void operands(F&& f) const {
+    f(gradients, 0, Towers > 0 ? Towers : towers, operand_access::read);
+  }
 };
 
 // Where a micro-batch stands in gradient accumulation (pipeline_options::accumulation_steps). The
@@ -162,6 +173,14 @@ struct accumulating_source {
     lanes<T, W> sum = scale_lanes(step.micro_weight, inner.template average<W>(v, i, first));
     if (!step.first) sum = add_lanes(load_lanes<W>(running.at(0, v) + i), sum);
     return step.last ? scale_lanes(step.inverse_total, sum) : sum;
+  }
+
+  // The inner source's operands and the running sum where it is read; the screen itself writes role 0
+  // of its averaged table (the buffer `running` points into).
+  template <class F>
+  void operands(F&& f) const {
+    inner.operands(f);
+    if (!step.first) f(running, 0, 1, operand_access::read);
   }
 };
 
