@@ -110,10 +110,10 @@ std::vector<tensor_chunk> chunks_of(std::size_t elements) {
 
 // One float buffer on a device and its one-variable pointer table.
 struct device_buffer {
-  exec_t::device_memory::owner<float> data;
+  exec_t::device_memory_space::owner<float> data;
   exec_t::pointer_table<float> table;
   device_buffer(const exec_t& exec, int device, std::size_t elements, int table_device)
-      : data(exec_t::device_memory{&exec, device}.allocate<float>(elements, 256)), table(exec, {data.get()}, 1, table_device) {}
+      : data(exec.device_memory(device).allocate<float>(elements, 256)), table(exec, {data.get()}, 1, table_device) {}
   device_buffer(const exec_t& exec, int device, std::size_t elements) : device_buffer(exec, device, elements, device) {}
 };
 
@@ -145,8 +145,8 @@ TEST_CASE("simulated devices: a reader stream without the event wait races with 
       const exec_t::stream writer(exec, 0, "writer"), reader(exec, 0, "reader");
       const exec_t::event written(exec, 0);
       const std::size_t n = 1000;
-      const auto a = exec_t::device_memory{&exec, 0}.allocate<float>(n, 256);
-      const auto b = exec_t::device_memory{&exec, 0}.allocate<float>(n, 256);
+      const auto a = exec.device_memory(0).allocate<float>(n, 256);
+      const auto b = exec.device_memory(0).allocate<float>(n, 256);
       exec.fill_async(a.get(), n, 2.0f, writer);
       exec.record(written, writer);
       if (waits) exec.wait(reader, written);
@@ -176,8 +176,8 @@ TEST_CASE("simulated devices: interleaving is real: without the wait the copied 
   for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
     const exec_t exec(make_machine(1, seed));
     const exec_t::stream writer(exec, 0, "writer"), reader(exec, 0, "reader");
-    const auto a = exec_t::device_memory{&exec, 0}.allocate<float>(16, 256);
-    const auto b = exec_t::device_memory{&exec, 0}.allocate<float>(16, 256);
+    const auto a = exec.device_memory(0).allocate<float>(16, 256);
+    const auto b = exec.device_memory(0).allocate<float>(16, 256);
     exec.fill_async(a.get(), 16, 7.0f, writer);
     exec.copy_async(b.get(), a.get(), 16 * sizeof(float), reader);  // no wait: races with the fill
     int races = 0;
@@ -197,8 +197,8 @@ TEST_CASE("simulated devices: a host read needs a synchronisation with the strea
     CAPTURE(seed);
     const exec_t exec(make_machine(2, seed));
     const exec_t::stream s(exec, 0, "filler"), other(exec, 1, "other");
-    const auto buffer = exec_t::device_memory{&exec, 0}.allocate<float>(64, 256);
-    const auto elsewhere = exec_t::device_memory{&exec, 1}.allocate<float>(64, 256);
+    const auto buffer = exec.device_memory(0).allocate<float>(64, 256);
+    const auto elsewhere = exec.device_memory(1).allocate<float>(64, 256);
     float host[64];
     exec.fill_async(buffer.get(), 64, 3.0f, s);
     // Still pending:
@@ -219,8 +219,8 @@ TEST_CASE("simulated devices: pinned memory that a stream touches needs the host
   const exec_t exec(make_machine(1, 3));
   const exec_t::stream s(exec, 0, "upload");
   const exec_t::event done(exec, 0);
-  const auto pinned = exec_t::pinned_memory{&exec}.allocate<float>(32);
-  const auto device = exec_t::device_memory{&exec, 0}.allocate<float>(32, 256);
+  const auto pinned = exec.pinned_memory().allocate<float>(32);
+  const auto device = exec.device_memory(0).allocate<float>(32, 256);
   exec.host_writes(pinned.get(), 32 * sizeof(float));  // before the copy is enqueued: ordered
   for (int i = 0; i < 32; ++i) pinned[static_cast<std::size_t>(i)] = static_cast<float>(i);
   exec.copy_async(device.get(), pinned.get(), 32 * sizeof(float), s);
@@ -255,7 +255,7 @@ TEST_CASE("simulated devices: a launch reaches another device's memory only with
 
 TEST_CASE("simulated devices: a launch may not reach host memory", "[simulation]") {
   const exec_t exec(make_machine(1, 1));
-  const auto pinned = exec_t::pinned_memory{&exec}.allocate<float>(4096);
+  const auto pinned = exec.pinned_memory().allocate<float>(4096);
   const exec_t::pointer_table<float> in(exec, {pinned.get()}, 1, 0);
   const device_buffer out(exec, 0, 4096);
   std::vector<float> pageable(4096);
@@ -271,7 +271,7 @@ TEST_CASE("simulated devices: a launch may not reach host memory", "[simulation]
 TEST_CASE("simulated devices: a store range that is not vector-aligned is refused at launch", "[simulation]") {
   const exec_t exec(make_machine(1, 1));
   const std::size_t n = 4100;
-  const auto data = exec_t::device_memory{&exec, 0}.allocate<float>(n + 4, 256);
+  const auto data = exec.device_memory(0).allocate<float>(n + 4, 256);
   const device_buffer in(exec, 0, n);
   const exec_t::pointer_table<float> shifted(exec, {data.get() + 1}, 1, 0);  // 4 bytes past a 256-byte boundary
   const exec_t::chunk_table table(exec, chunks_of(n), 0);
@@ -295,7 +295,7 @@ TEST_CASE("simulated devices: a range past the end of its allocation is refused"
   // A chunk that starts where the allocation ends:
   REQUIRE_THAT(error_of([&] { too_long.launch<multi_tensor_policy>(scale_agent{in.table.const_view(), in.table.view(), 1.0f}, s); }),
                Contains("element 4096") && Contains("0 bytes past the end of device 0's allocation"));
-  const auto small = exec_t::device_memory{&exec, 0}.allocate<float>(8, 256);
+  const auto small = exec.device_memory(0).allocate<float>(8, 256);
   REQUIRE_THAT(error_of([&] { exec.memset_async(small.get(), 0, 64, s); }), Contains("run past the end"));
   REQUIRE_THAT(error_of([&] { exec.copy_async(small.get(), in.data.get(), 64, s); }), Contains("destination") && Contains("run past the end"));
   REQUIRE_THAT(error_of([&] { too_long.launch<multi_tensor_policy>(scale_agent{in.table.const_view(), out.table.view(), 1.0f}, s, {1, 3}); }),
@@ -364,7 +364,7 @@ TEST_CASE("simulated devices: a correct pipeline of two devices passes under eve
     const exec_t::event produced(exec, 0), consumed(exec, 1);
     const device_buffer a0(exec, 0, n), b0(exec, 0, n), a1(exec, 1, n), b1(exec, 1, n);
     const exec_t::chunk_table table0(exec, chunks_of(n), 0), table1(exec, chunks_of(n), 1);
-    const auto pinned = exec_t::pinned_memory{&exec}.allocate<float>(n);
+    const auto pinned = exec.pinned_memory().allocate<float>(n);
     exec.copy_to_device_now(a0.data.get(), input.data(), n * sizeof(float));
     for (int round = 0; round < 2; ++round) {
       {
@@ -409,10 +409,10 @@ TEST_CASE("simulated devices: the library's fused agent on four towers over two 
       for (std::size_t v = 0; v < sizes.size(); ++v) whole.push_back({v, 0, sizes[v]});
       const std::vector<tensor_chunk> chunks = towerpipe::detail::make_chunk_table(whole, multi_tensor_policy::chunk_elements);
       // Per tower and variable: a gradient and a replica on the tower's device; state on the root.
-      std::vector<exec_t::device_memory::owner<float>> owners;
+      std::vector<exec_t::device_memory_space::owner<float>> owners;
       std::vector<float*> gradients, replicas, state;
       const auto allocate = [&](int device, std::size_t count) {
-        owners.push_back(exec_t::device_memory{&exec, device}.allocate<float>(count, 256));
+        owners.push_back(exec.device_memory(device).allocate<float>(count, 256));
         return owners.back().get();
       };
       for (int t = 0; t < towers; ++t) {
@@ -498,11 +498,11 @@ TEST_CASE("simulated devices: the screen runs the lane program per tile and lowe
     const exec_t exec(make_machine(1, seed));
     towerpipe::variable_set variables;
     for (std::size_t v = 0; v < sizes.size(); ++v) variables.add("v" + std::to_string(v), {sizes[v]});
-    std::vector<exec_t::device_memory::owner<float>> owners;
+    std::vector<exec_t::device_memory_space::owner<float>> owners;
     std::vector<float*> gradients, averaged;
     for (int t = 0; t <= towers; ++t) {
       for (std::size_t v = 0; v < sizes.size(); ++v) {
-        owners.push_back(exec_t::device_memory{&exec, 0}.allocate<float>(sizes[v], 256));
+        owners.push_back(exec.device_memory(0).allocate<float>(sizes[v], 256));
         std::vector<float> values(sizes[v]);
         for (std::size_t i = 0; i < sizes[v]; ++i) values[i] = gradient(t, v, i);
         if (t == 2 && v == 1) values[5] = nan;
@@ -547,7 +547,7 @@ TEST_CASE("simulated devices: the screen runs the lane program per tile and lowe
 TEST_CASE("simulated devices: a host access as a stream runs the stream's work first and is the stream's own", "[simulation]") {
   const exec_t exec(make_machine(1, 5));
   const exec_t::stream s(exec, 0, "tower 0");
-  const auto buffer = exec_t::device_memory{&exec, 0}.allocate<float>(8, 256);
+  const auto buffer = exec.device_memory(0).allocate<float>(8, 256);
   exec.fill_async(buffer.get(), 8, 5.0f, s);
   exec.stream_host_access(s, buffer.get(), 8 * sizeof(float), operand_access::read_write);
   REQUIRE(buffer[0] == 5.0f);  // the fill ran first
@@ -565,20 +565,20 @@ TEST_CASE("simulated devices: a violation found while freeing is kept for machin
   const auto machine = make_machine(2, 2);
   const exec_t exec(machine);
   const exec_t::stream other(exec, 1, "other device");
-  auto source = exec_t::device_memory{&exec, 0}.allocate<float>(64, 256);
-  const auto target = exec_t::device_memory{&exec, 1}.allocate<float>(64, 256);
+  auto source = exec.device_memory(0).allocate<float>(64, 256);
+  const auto target = exec.device_memory(1).allocate<float>(64, 256);
   exec.copy_async(target.get(), source.get(), 64 * sizeof(float), other);
   source.reset();  // drains device 0 and the copy that reads the memory, but the host never waited for device 1
   REQUIRE_THAT(error_of([&] { machine->check(); }),
                Contains("while freeing memory") && Contains("race on device 0's allocation") && Contains("free of device 0's allocation"));
   machine->check();  // thrown once
   // ... or by the next call of the executor.
-  auto again = exec_t::device_memory{&exec, 0}.allocate<float>(64, 256);
+  auto again = exec.device_memory(0).allocate<float>(64, 256);
   exec.copy_async(target.get(), again.get(), 64 * sizeof(float), other);
   again.reset();
   REQUIRE_THAT(error_of([&] { exec.synchronize(other); }), Contains("while freeing memory"));
   // With the synchronisation, the free is quiet.
-  auto fine = exec_t::device_memory{&exec, 0}.allocate<float>(64, 256);
+  auto fine = exec.device_memory(0).allocate<float>(64, 256);
   exec.copy_async(target.get(), fine.get(), 64 * sizeof(float), other);
   exec.synchronize(other);
   fine.reset();
@@ -617,8 +617,8 @@ TEST_CASE("simulated devices: seconds_between needs both records complete as far
 TEST_CASE("simulated devices: fill, find_first and batches of copies", "[simulation]") {
   const exec_t exec(make_machine(2, 4, all_pairs(2)));
   const exec_t::stream s(exec, 0);
-  const auto words = exec_t::device_memory{&exec, 0}.allocate<std::uint32_t>(100, 256);
-  const auto peer = exec_t::device_memory{&exec, 1}.allocate<std::uint32_t>(100, 256);
+  const auto words = exec.device_memory(0).allocate<std::uint32_t>(100, 256);
+  const auto peer = exec.device_memory(1).allocate<std::uint32_t>(100, 256);
   exec.fill_async(words.get(), 100, 0xDEADu, s);
   exec.memset_async(words.get() + 40, 0, 4 * sizeof(std::uint32_t), s);
   REQUIRE(exec.find_first(words.get(), 100, 0u, s) == 40);
@@ -627,7 +627,7 @@ TEST_CASE("simulated devices: fill, find_first and batches of copies", "[simulat
   exec.enable_peer_access({0, 1});
   exec.fill_async(peer.get(), 100, 1u, s);
   std::uint32_t a[4] = {1, 2, 3, 4};
-  const auto pinned = exec_t::pinned_memory{&exec}.allocate<std::uint32_t>(4);
+  const auto pinned = exec.pinned_memory().allocate<std::uint32_t>(4);
   std::copy(a, a + 4, pinned.get());
   void* const dsts[] = {words.get(), words.get() + 50};
   const void* const srcs[] = {pinned.get(), peer.get()};
@@ -654,7 +654,7 @@ TEST_CASE("simulated devices: op counts", "[simulation]") {
   const exec_t::stream s0(exec, 0), s1(exec, 1);
   const exec_t::event e(exec, 0), never(exec, 1);
   const device_buffer in(exec, 0, 4096), out(exec, 0, 4096);
-  const auto remote = exec_t::device_memory{&exec, 1}.allocate<float>(4096, 256);
+  const auto remote = exec.device_memory(1).allocate<float>(4096, 256);
   const exec_t::chunk_table table(exec, chunks_of(4096), 0);
   REQUIRE(machine->counts().copies == 2);  // the two pointer tables' uploads
   machine->reset_counts();
@@ -693,7 +693,7 @@ TEST_CASE("simulated devices: host threads call one executor at once", "[simulat
       const exec_t::stream s(exec, device, "worker");
       const device_buffer in(exec, device, n), out(exec, device, n);
       const exec_t::chunk_table table(exec, chunks_of(n), device);
-      const auto pinned = exec_t::pinned_memory{&exec}.allocate<float>(n);
+      const auto pinned = exec.pinned_memory().allocate<float>(n);
       const exec_t::device_guard on(exec, device);
       bool good = true;
       for (int round = 1; round <= 5; ++round) {
@@ -730,7 +730,7 @@ TEST_CASE("simulated devices: sixteen towers on sixteen devices, 30,000 elements
     std::vector<element_range> whole;
     for (std::size_t v = 0; v < sizes.size(); ++v) whole.push_back({v, 0, sizes[v]});
     const std::vector<tensor_chunk> chunks = towerpipe::detail::make_chunk_table(whole, multi_tensor_policy::chunk_elements);
-    std::vector<exec_t::device_memory::owner<float>> owners;
+    std::vector<exec_t::device_memory_space::owner<float>> owners;
     std::vector<float*> gradients, replicas;
     std::vector<exec_t::stream> streams;
     std::vector<exec_t::event> ready;
@@ -738,7 +738,7 @@ TEST_CASE("simulated devices: sixteen towers on sixteen devices, 30,000 elements
       streams.emplace_back(exec, t, "tower");
       ready.emplace_back(exec, t);
       for (std::size_t v = 0; v < sizes.size(); ++v) {
-        owners.push_back(exec_t::device_memory{&exec, t}.allocate<float>(sizes[v], 256));
+        owners.push_back(exec.device_memory(t).allocate<float>(sizes[v], 256));
         gradients.push_back(owners.back().get());
         std::vector<float> values(sizes[v]);
         for (std::size_t i = 0; i < sizes[v]; ++i) values[i] = gradient(t, v, i);
@@ -747,7 +747,7 @@ TEST_CASE("simulated devices: sixteen towers on sixteen devices, 30,000 elements
     }
     for (int t = 0; t < towers; ++t) {
       for (std::size_t v = 0; v < sizes.size(); ++v) {
-        owners.push_back(exec_t::device_memory{&exec, t}.allocate<float>(sizes[v], 256));
+        owners.push_back(exec.device_memory(t).allocate<float>(sizes[v], 256));
         replicas.push_back(owners.back().get());
       }
     }

@@ -261,36 +261,50 @@ class engine {
   }
 
   // ---- copies and fills ----
+  // A pageable host side is what CUDA makes of it: a pageable source is staged when the copy is issued
+  // (the caller may reuse it once the call returns), and a copy into pageable memory returns only once it
+  // has landed, in stream order (the host waits for the stream up to it).
   void copy(const std::vector<copy_range>& ranges, std::size_t stream, const char* what) {
     call([&] {
       std::vector<op_access> accesses;
       std::vector<copy_range> work;
+      auto staged = std::make_shared<std::vector<std::vector<char>>>();
+      bool lands_in_pageable = false;
       double seconds = op_latency_seconds;
       for (const copy_range& r : ranges) {
         if (r.bytes == 0) continue;
         const auto dst = reinterpret_cast<std::uintptr_t>(r.dst), src = reinterpret_cast<std::uintptr_t>(r.src);
-        const allocation& to = async_side(dst, r.bytes, r.dst_owner, what, "destination");
-        const allocation& from = async_side(src, r.bytes, r.src_owner, what, "source");
+        const allocation* to = async_side(dst, r.bytes, r.dst_owner, what, "destination");
+        const allocation* from = async_side(src, r.bytes, r.src_owner, what, "source");
+        if (to == nullptr && from == nullptr) fail(what, ": both sides are pageable host memory");
         if (dst < src + r.bytes && src < dst + r.bytes)
-          fail(what, ": source and destination overlap (", describe_bytes(to, dst, dst + r.bytes), ")");
-        accesses.push_back({from, src, src + r.bytes, access_kind::read});
-        accesses.push_back({to, dst, dst + r.bytes, access_kind::write});
-        const bool local = to.owner == from.owner && to.owner != pinned_host;
+          fail(what, ": source and destination overlap (", describe_bytes(to != nullptr ? *to : *from, dst, dst + r.bytes), ")");
+        copy_range piece = r;
+        if (from != nullptr) {
+          accesses.push_back({*from, src, src + r.bytes, access_kind::read});
+        } else {
+          staged->emplace_back(static_cast<const char*>(r.src), static_cast<const char*>(r.src) + r.bytes);
+          piece.src = staged->back().data();
+        }
+        if (to != nullptr) accesses.push_back({*to, dst, dst + r.bytes, access_kind::write});
+        else lands_in_pageable = true;
+        const bool local = to != nullptr && from != nullptr && to->owner == from->owner && to->owner != pinned_host;
         seconds += static_cast<double>(r.bytes) / (local ? device_bytes_per_second : link_bytes_per_second);
-        work.push_back(r);
+        work.push_back(piece);
       }
       if (work.empty()) return;
       ++counts_.copies;
-      enqueue(stream, what, std::move(accesses), [work] {
+      enqueue(stream, what, std::move(accesses), [work, staged] {
         for (const copy_range& r : work) std::memcpy(r.dst, r.src, r.bytes);
       }, seconds);
+      if (lands_in_pageable) drain_and_join(stream);
     });
   }
   void memset(void* dst, int byte, std::size_t bytes, std::size_t stream) {
     call([&] {
       if (bytes == 0) return;
       const auto lo = reinterpret_cast<std::uintptr_t>(dst);
-      const allocation& to = async_side(lo, bytes, any_owner, "memset_async", "destination");
+      const allocation& to = async_device_or_pinned(lo, bytes, "memset_async", "destination");
       ++counts_.memsets;
       enqueue(stream, "memset_async", {{to, lo, lo + bytes, access_kind::write}}, [dst, byte, bytes] { std::memset(dst, byte, bytes); },
               op_latency_seconds + static_cast<double>(bytes) / device_bytes_per_second);
@@ -516,15 +530,25 @@ class engine {
     }, seconds);
   }
 
-  // One side of an asynchronous copy or memset: device memory, or pinned host memory.
-  const allocation& async_side(std::uintptr_t lo, std::size_t bytes, int owner, const char* what, const char* side) const {
+  // One side of an asynchronous copy or memset: device memory or pinned host memory; null for pageable
+  // host memory, which only a copy takes (copy() says how).
+  const allocation* async_side(std::uintptr_t lo, std::size_t bytes, int owner, const char* what, const char* side) const {
     const placement place = memory_.place(lo, lo + bytes, [&] { return make_message(what, ": the ", side); });
-    if (place.holder == nullptr)
-      fail(what, ": the ", side, " at ", address_text(lo), memory_.after_text(lo),
-           " is pageable host memory; asynchronous work needs device or pinned memory (CUDA would not run it in stream order)");
+    if (place.holder == nullptr) {
+      if (owner != any_owner) fail(what, ": the ", side, " at ", address_text(lo), " is pageable host memory, not memory of device ", owner);
+      return nullptr;
+    }
     if (owner != any_owner && place.holder->owner != owner)
       fail(what, ": the ", side, " is ", describe(*place.holder), ", not memory of device ", owner);
-    return *place.holder;
+    return place.holder;
+  }
+  // The same where pageable memory cannot take part (a memset: CUDA would not run it in stream order).
+  const allocation& async_device_or_pinned(std::uintptr_t lo, std::size_t bytes, const char* what, const char* side) const {
+    const allocation* holder = async_side(lo, bytes, any_owner, what, side);
+    if (holder == nullptr)
+      fail(what, ": the ", side, " at ", address_text(lo), memory_.after_text(lo),
+           " is pageable host memory; asynchronous work needs device or pinned memory (CUDA would not run it in stream order)");
+    return *holder;
   }
   allocation reached_by_kernel(std::uintptr_t lo, std::uintptr_t hi, std::size_t stream, const char* what) const {
     const stream_state& s = queues_.stream(stream);

@@ -36,9 +36,16 @@ namespace detail {
 
 class simulated_executor {
  public:
+  static constexpr const char* name = "simulated";
+  static constexpr const char* device_kind = "simulated";
+
   explicit simulated_executor(std::shared_ptr<sim::machine> m) : machine_(std::move(m)) {
     if (machine_ == nullptr) fail("simulated_executor: no machine");
   }
+  // As the device towers make it, from their pipeline_options: its simulation, or a machine of one device.
+  template <class Options, class = decltype(std::declval<const Options&>().simulation)>
+  explicit simulated_executor(const Options& options)
+      : simulated_executor(options.simulation ? options.simulation : std::make_shared<sim::machine>()) {}
   sim::machine& machine() const { return *machine_; }
 
   // ---- handles ----
@@ -49,6 +56,8 @@ class simulated_executor {
     stream(stream&&) noexcept = default;
     stream& operator=(stream&&) = delete;
     int device() const { return device_; }
+    // What a tower function is handed as its stream (a cudaStream_t on CUDA): this handle.
+    const stream* get() const { return this; }
 
    private:
     friend class simulated_executor;
@@ -97,7 +106,7 @@ class simulated_executor {
     void operator()(void* pointer) const noexcept { engine_of(*machine).free(pointer); }
   };
 
-  struct device_memory {
+  struct device_memory_space {
     const simulated_executor* exec = nullptr;
     int device = 0;
     template <class T>
@@ -108,7 +117,7 @@ class simulated_executor {
     }
   };
 
-  struct pinned_memory {
+  struct pinned_memory_space {
     const simulated_executor* exec = nullptr;
     template <class T>
     using owner = std::unique_ptr<T[], free_simulated>;
@@ -117,6 +126,9 @@ class simulated_executor {
       return executor_of(exec, "pinned_memory").template allocate_owned<T>(count, alignment, simulation::pinned_host);
     }
   };
+
+  device_memory_space device_memory(int device) const { return {this, device}; }
+  pinned_memory_space pinned_memory() const { return {this}; }
 
   // ---- the machine ----
   int device_count() const { return machine_->config().devices; }
@@ -157,8 +169,12 @@ class simulated_executor {
   void fill_async(U* dst, std::size_t count, U value, const stream& s) const {
     engine().fill(dst, count, value, stream_id(*machine_, s));
   }
+  // The CUDA executor keeps its result word per tower; here there is nothing to keep.
+  struct find_scratch {
+    find_scratch(const simulated_executor&, int) {}
+  };
   template <class U>
-  std::size_t find_first(const U* data, std::size_t count, U value, const stream& s) const {
+  std::size_t find_first(const U* data, std::size_t count, U value, const stream& s, const find_scratch&) const {
     return engine().find_first(data, count, value, stream_id(*machine_, s));
   }
 
@@ -199,7 +215,7 @@ class simulated_executor {
    public:
     pointer_table(const simulated_executor& exec, const std::vector<T*>& pointers, int variables, int device)
         : variables_(variables),
-          pointers_(device_memory{&exec, device}.template allocate<T*>(std::max<std::size_t>(pointers.size(), 1), 256)) {
+          pointers_(device_memory_space{&exec, device}.template allocate<T*>(std::max<std::size_t>(pointers.size(), 1), 256)) {
       if (!pointers.empty()) exec.copy_to_device_now(pointers_.get(), pointers.data(), pointers.size() * sizeof(T*));
     }
     detail::pointer_table<T> view() const { return {pointers_.get(), variables_}; }
@@ -207,7 +223,7 @@ class simulated_executor {
 
    private:
     int variables_;
-    device_memory::owner<T*> pointers_;
+    device_memory_space::owner<T*> pointers_;
   };
 
   // The gradient screen's tiles and outputs on one device (cuda/screen_kernel.cuh on a GPU).
@@ -217,9 +233,9 @@ class simulated_executor {
         : machine_(exec.machine_),
           device_(device),
           tiles_(std::move(tiles)),
-          tile_sums_(device_memory{&exec, device}.allocate<double>(std::max<std::size_t>(tiles_.size(), 1), 256)),
-          first_nonfinite_(device_memory{&exec, device}.allocate<nonfinite_key>(1, 256)),
-          host_first_(pinned_memory{&exec}.allocate<nonfinite_key>(1)) {}
+          tile_sums_(device_memory_space{&exec, device}.allocate<double>(std::max<std::size_t>(tiles_.size(), 1), 256)),
+          first_nonfinite_(device_memory_space{&exec, device}.allocate<nonfinite_key>(1, 256)),
+          host_first_(pinned_memory_space{&exec}.allocate<nonfinite_key>(1)) {}
     screen(const simulated_executor& exec, const variable_set& variables, int device)
         : screen(exec, make_chunk_table(variables, screen_tile_elements), device) {}
 
@@ -253,9 +269,9 @@ class simulated_executor {
     std::shared_ptr<sim::machine> machine_;
     int device_;
     std::vector<tensor_chunk> tiles_;
-    device_memory::owner<double> tile_sums_;
-    device_memory::owner<nonfinite_key> first_nonfinite_;
-    pinned_memory::owner<nonfinite_key> host_first_;
+    device_memory_space::owner<double> tile_sums_;
+    device_memory_space::owner<nonfinite_key> first_nonfinite_;
+    pinned_memory_space::owner<nonfinite_key> host_first_;
   };
 
   // Device event times on the host clock, for the timeline: the origin is a record the host waited for.
