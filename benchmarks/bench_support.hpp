@@ -53,7 +53,7 @@ inline double bytes_per_parameter(std::size_t towers, int state_slots, std::size
   return 4.0 * static_cast<double>(towers) + 8.0 + 8.0 * state_slots + 4.0 * static_cast<double>(replicas_written);
 }
 
-// What a checked step (programs/screen.hpp) moves on top, per float parameter: the average written by
+// What a checked step (kernels/screen.hpp) moves on top, per float parameter: the average written by
 // the screen and read by the apply, and a tile's 8-byte partial per 2048 parameters.
 constexpr double screen_bytes = 8.0 + 8.0 / 2048.0;
 

@@ -106,7 +106,7 @@ struct floors {
   int devices;  // visible: towers share them round-robin
 };
 
-// checked: the two passes of a checked step (programs/screen.hpp: screen, then apply) instead of the
+// checked: the two passes of a checked step (kernels/screen.hpp: screen, then apply) instead of the
 // single fused one; the floor adds their extra bytes (screen_bytes).
 template <class Reduce, class Optim, class Layout>
 void measure(const std::string& model, const variable_set& variables, std::size_t towers,
@@ -211,7 +211,7 @@ __global__ void spin_for(long long cycles) {
   }
 }
 
-// Overlap of the reduction with backward (step/buckets.hpp): whole training steps whose towers compute
+// Overlap of the reduction with backward (plan/buckets.hpp): whole training steps whose towers compute
 // a set time per gradient bucket (a spin kernel on the tower's stream) and write its gradients, last
 // bucket first, against compute alone (the spins without a step), the serial step (no gradient_ready:
 // every bucket after the towers) and the overlapped one (each bucket marked ready once written).

@@ -5,7 +5,7 @@
 // floor. Prints a table
 // and writes every figure as JSON. --quick runs a small subset in seconds (CI runs it). Backend "host" is
 // the single fused pass (on_nonfinite = unchecked); "host checked" the default checked step (screen,
-// then apply: programs/screen.hpp), whose floor has the average's write and read on top; "host bf16" the
+// then apply: kernels/screen.hpp), whose floor has the average's write and read on top; "host bf16" the
 // mixed-precision step (bf16 towers, fp32 master and state), whose floor counts 2-byte gradients;
 // "sharded" reduce::sharded in one process (unchecked; average+apply and the gather of the parameters),
 // against the same floor as "host": the bytes the job needs, not the slicing's extra copies, so its
@@ -14,7 +14,7 @@
 // The overlap rows (--only overlap runs them alone): how much of reduce::host's reduction a step hides
 // behind the towers' backward pass when the towers mark their gradients ready (gradient_ready) and each
 // bucket is reduced on the pipeline's worker thread meanwhile. A synthetic tower stands in for the
-// backward pass: bucket by bucket, in the order the pipeline plans them (step/buckets.hpp: reverse
+// backward pass: bucket by bucket, in the order the pipeline plans them (plan/buckets.hpp: reverse
 // declaration order, 25 MiB a bucket), it computes for a set time — a busy loop until its thread has
 // run that many microseconds of CPU time (wall time would count as compute done the time the worker
 // took the tower's core) — then takes the bucket's gradients and, where it marks, marks them ready. The

@@ -41,11 +41,11 @@
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
-#include "towerpipe/layout/batch.hpp"
+#include "towerpipe/data/batch.hpp"
 #include "towerpipe/pipeline/state.hpp"
 #include "towerpipe/pipeline/step_parts.hpp"
 #include "towerpipe/step/checked_verdict.hpp"
-#include "towerpipe/step/split.hpp"
+#include "towerpipe/data/split.hpp"
 #include "towerpipe/step/stats.hpp"
 #include "towerpipe/trace/tracer.hpp"
 

@@ -5,7 +5,7 @@
 // per device where there are fewer devices), against the exec::host pipeline: after 10 steps on fresh
 // random gradients every replica must equal the host's parameters bitwise. Replicas other than the
 // root's are poisoned before each step, so a replica the broadcast misses shows. Each runs unchecked (one
-// fused pass) and checked (screen + apply, programs/screen.hpp) with clipping on and a NaN in one step,
+// fused pass) and checked (screen + apply, kernels/screen.hpp) with clipping on and a NaN in one step,
 // which every backend must skip, naming the tower, variable and element as the host does.
 #include <towerpipe/cuda.cuh>
 #include <towerpipe/io/checkpoint.hpp>
@@ -257,7 +257,7 @@ TEST_CASE("device backends take the pipeline's options and narrower vectors, equ
 // reduce::sharded holds on each tower's device only its slice of the state: whole 4096-element chunks
 // (multi_tensor_policy), each owner within one chunk of an equal share of the parameters.
 TEST_CASE("sharded spreads the optimizer state over the towers, about 1/N each", "[gpu][backends]") {
-  // The owners' compact storage pads each variable to a multiple of 64 elements (programs/owner_slices.hpp).
+  // The owners' compact storage pads each variable to a multiple of 64 elements (plan/owner_slices.hpp).
   double parameters = 0.0;
   for (const variable& v : test_variables) parameters += static_cast<double>((v.size + 63) / 64 * 64);
   const double slot_bytes = 4.0 * parameters;  // fp32

@@ -1,9 +1,9 @@
 #pragma once
 // Host stand-ins for exec::cuda's towers, for running the device reducers' own wiring
-// (programs/copy_wiring.hpp, programs/owner_wiring.hpp, programs/exchange_buffers.hpp) on the host
+// (wiring/copy_wiring.hpp, wiring/owner_wiring.hpp, wiring/exchange_buffers.hpp) on the host
 // (programs/host_dispatch.hpp), and the reference the emulated steps are compared with.
-#include <towerpipe/programs/agents.hpp>
-#include <towerpipe/programs/copy_wiring.hpp>
+#include <towerpipe/kernels/agents.hpp>
+#include <towerpipe/wiring/copy_wiring.hpp>
 #include <towerpipe/programs/host_dispatch.hpp>
 #include <towerpipe/towerpipe.hpp>
 
@@ -43,7 +43,7 @@ struct nan_filled_memory : host_memory {
   }
 };
 
-// The towers' devices and links the copying paths are checked under (programs/copy_wiring.hpp): all on one
+// The towers' devices and links the copying paths are checked under (wiring/copy_wiring.hpp): all on one
 // device; one device with pipeline_options::direct_device_access off (how the GPU tests run the copying
 // paths on one GPU); one device per tower, peer access only within pairs (0, 1), (2, 3), ...
 enum class topology { one_device, one_device_no_direct_access, peer_pairs };
@@ -135,7 +135,7 @@ void set_replica(Towers& towers, std::size_t t, std::size_t v, const std::vector
 }
 
 // The pipeline's set_parameter as a reducer hears it (parameter_set) where an owner keeps a master slice
-// (programs/owner_wiring.hpp slice_owner: across processes, or with mixed precision): the owner's part of
+// (wiring/owner_wiring.hpp slice_owner: across processes, or with mixed precision): the owner's part of
 // variable v's values; and that part back into `whole` (the reducer's master_on_host).
 template <class Owner>
 void set_master_slice(Owner& owner, std::size_t v, const std::vector<float>& values) {
@@ -229,7 +229,7 @@ step_stats step_and_load(Trainer& reference, Towers& towers, const batch& b, con
   return stats;
 }
 
-// A checked step's screen (programs/screen.hpp) on the host over `tiles`, as the screen kernel's warps
+// A checked step's screen (kernels/screen.hpp) on the host over `tiles`, as the screen kernel's warps
 // compute it, appended to `partials`.
 template <class Source>
 void screen_tiles(const Source& source, const pointer_table<float>& averaged, const std::vector<tensor_chunk>& tiles,

@@ -1,7 +1,7 @@
 // The canonical summation order (README.md, invariant 2): the tree sum written here from its
 // definition must equal what the library computes, bitwise, directly and through whole pipelines.
-#include <towerpipe/programs/agents.hpp>
-#include <towerpipe/programs/canonical_order.hpp>
+#include <towerpipe/kernels/agents.hpp>
+#include <towerpipe/plan/canonical_order.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -190,8 +190,8 @@ TEST_CASE("repeated runs, thread counts and layouts give bitwise-equal parameter
   for (std::size_t v = 0; v < variables.count(); ++v) CHECK(first_bitwise_difference(per_variable[v], reference[v]) == -1);
 }
 
-// The tree as the device reducers run it (programs/canonical_order.hpp canonical_tree_rounds, the edges
-// of programs/agents.hpp), one round after another.
+// The tree as the device reducers run it (plan/canonical_order.hpp canonical_tree_rounds, the edges
+// of kernels/agents.hpp), one round after another.
 TEST_CASE("the tree rounds reproduce the canonical sum bitwise", "[multi_tensor][canonical]") {
   using namespace towerpipe::detail;
   random_source random(60);

@@ -1,4 +1,4 @@
-// Checked steps (programs/screen.hpp): a non-finite averaged gradient skips the step (or throws) with the
+// Checked steps (kernels/screen.hpp): a non-finite averaged gradient skips the step (or throws) with the
 // right tower, variable and element named and every bit left as it was; global-norm clipping against a
 // float64 reference; a checked step with finite gradients equals the single fused pass bitwise.
 #include <towerpipe/towerpipe.hpp>

@@ -1,8 +1,8 @@
-// The chunk table (programs/chunk_table.hpp): the multi-tensor kernel's work list covers every element
+// The chunk table (plan/chunk_table.hpp): the multi-tensor kernel's work list covers every element
 // once in aligned chunks, transfer groups partition it, and check_vector_aligned says which table, role,
 // variable and element a vectorised kernel could not take.
-#include <towerpipe/programs/chunk_table.hpp>
-#include <towerpipe/programs/process_agents.hpp>
+#include <towerpipe/plan/chunk_table.hpp>
+#include <towerpipe/kernels/process_agents.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>

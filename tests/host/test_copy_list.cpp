@@ -1,9 +1,9 @@
-// Copy lists (programs/copy_list.hpp), run on the host (programs/host_dispatch.hpp): a whole buffer is
+// Copy lists (plan/copy_list.hpp), run on the host (programs/host_dispatch.hpp): a whole buffer is
 // one copy of layout::flat's arena or one per variable, and an owner's slice goes into compact storage
 // and back out unchanged, touching nothing outside the slice.
-#include <towerpipe/programs/copy_list.hpp>
+#include <towerpipe/plan/copy_list.hpp>
 #include <towerpipe/programs/host_dispatch.hpp>
-#include <towerpipe/programs/owner_slices.hpp>
+#include <towerpipe/plan/owner_slices.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>

@@ -1,9 +1,9 @@
-// Which buffers the device reducers use in place and which through copies (programs/copy_wiring.hpp,
-// programs/owner_wiring.hpp), for towers on one device per tower with peer access only within pairs
+// Which buffers the device reducers use in place and which through copies (wiring/copy_wiring.hpp,
+// wiring/owner_wiring.hpp), for towers on one device per tower with peer access only within pairs
 // (0, 1), (2, 3): each table role points at the tower's own buffer exactly where the reader reaches it,
 // and the copies run exactly between the buffers the tables name.
-#include <towerpipe/programs/copy_wiring.hpp>
-#include <towerpipe/programs/owner_wiring.hpp>
+#include <towerpipe/wiring/copy_wiring.hpp>
+#include <towerpipe/wiring/owner_wiring.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>

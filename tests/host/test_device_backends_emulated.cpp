@@ -1,13 +1,13 @@
 // The device reducers in one process — reduce::device0, reduce::p2p_tree, reduce::sharded for GPU
 // towers — run on the host with their own wiring: the tables and copy lists they are built from
-// (programs/copy_wiring.hpp, programs/owner_wiring.hpp), the per-element programs (programs/agents.hpp)
+// (wiring/copy_wiring.hpp, wiring/owner_wiring.hpp), the per-element programs (kernels/agents.hpp)
 // over them through the host dispatch (programs/host_dispatch.hpp), in the order the reducers launch
 // them. Direct or through copies (the copies start as NaN), they must give bitwise the host pipeline's
 // parameters, norm, clip and first non-finite.
-#include <towerpipe/programs/agents.hpp>
-#include <towerpipe/programs/copy_wiring.hpp>
+#include <towerpipe/kernels/agents.hpp>
+#include <towerpipe/wiring/copy_wiring.hpp>
 #include <towerpipe/programs/host_dispatch.hpp>
-#include <towerpipe/programs/owner_wiring.hpp>
+#include <towerpipe/wiring/owner_wiring.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>
@@ -521,7 +521,7 @@ TEMPLATE_TEST_CASE("emulated checked steps of the device backends equal the host
         pipeline_options options;
         options.max_grad_norm = 3.0;
         trainer reference(variables, {{"x", dtype::float32, {1}}}, n, h, options);
-        // Chunks of one screen tile: the owners' slices start on tiles (programs/owner_slices.hpp).
+        // Chunks of one screen tile: the owners' slices start on tiles (plan/owner_slices.hpp).
         towers_of<optim::adam, TestType> towers(variables, n, h, screen_tile_elements, links);
         std::vector<float> weights;
         for (const shard& s : plan_split(examples, n, split_policy::weighted)) weights.push_back(static_cast<float>(s.weight));

@@ -1,9 +1,9 @@
-// The buffers of reduce::sharded across processes with GPU towers (programs/exchange_plan.hpp,
-// programs/exchange_buffers.hpp): every table the reducer builds over them keeps the kernels' vector
+// The buffers of reduce::sharded across processes with GPU towers (plan/exchange_plan.hpp,
+// wiring/exchange_buffers.hpp): every table the reducer builds over them keeps the kernels' vector
 // I/O aligned, the blocks the transports move start aligned, and the gather fills the padded space.
-#include <towerpipe/programs/exchange_buffers.hpp>
-#include <towerpipe/programs/exchange_plan.hpp>
-#include <towerpipe/programs/owner_wiring.hpp>
+#include <towerpipe/wiring/exchange_buffers.hpp>
+#include <towerpipe/plan/exchange_plan.hpp>
+#include <towerpipe/wiring/owner_wiring.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>

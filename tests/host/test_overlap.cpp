@@ -1,4 +1,4 @@
-// Overlapping the reduction with the towers' backward pass (step/buckets.hpp, reduce/overlapped_reduction.hpp):
+// Overlapping the reduction with the towers' backward pass (plan/buckets.hpp, reduce/overlapped_reduction.hpp):
 // the bucket plan against hand-derived cases, the readiness count, the marking contract's errors, and
 // the guarantee — a step whose towers mark their gradients ready bucket by bucket ends bitwise where the
 // unbucketed step does, for every bucket size, optimizer, layout, precision and checked or unchecked

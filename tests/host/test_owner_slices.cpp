@@ -1,9 +1,9 @@
-// Owners' slices and their compact storage (programs/owner_slices.hpp, programs/owner_wiring.hpp): the
+// Owners' slices and their compact storage (plan/owner_slices.hpp, wiring/owner_wiring.hpp): the
 // slices cut the chunk table into contiguous runs within a chunk of equal shares, their pointers reach
 // compact storage, and every table an owner of reduce::sharded with GPU towers builds over it keeps the
 // kernels' vector I/O aligned.
-#include <towerpipe/programs/owner_slices.hpp>
-#include <towerpipe/programs/owner_wiring.hpp>
+#include <towerpipe/plan/owner_slices.hpp>
+#include <towerpipe/wiring/owner_wiring.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>

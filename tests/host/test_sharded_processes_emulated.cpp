@@ -1,16 +1,16 @@
 // reduce::sharded for GPU towers across processes (reduce/sharded/gpu_towers_across_processes.cuh) run on
-// the host with its own wiring: the exchange plan and buffers (programs/exchange_plan.hpp,
-// programs/exchange_buffers.hpp), each process's owner (programs/owner_wiring.hpp), its copies of the
-// local towers tower 0's device does not reach (programs/copy_wiring.hpp), the per-element programs
-// (programs/process_agents.hpp) through the host dispatch; the transport done by copies of the plan's
+// the host with its own wiring: the exchange plan and buffers (plan/exchange_plan.hpp,
+// wiring/exchange_buffers.hpp), each process's owner (wiring/owner_wiring.hpp), its copies of the
+// local towers tower 0's device does not reach (wiring/copy_wiring.hpp), the per-element programs
+// (kernels/process_agents.hpp) through the host dispatch; the transport done by copies of the plan's
 // blocks. Every process's replicas must equal one process with all towers, bitwise; with 16-bit towers
 // (mixed precision) the fp32 master too, and the replicas' 16-bit patterns its rounded copy.
-#include <towerpipe/programs/copy_wiring.hpp>
-#include <towerpipe/programs/exchange_buffers.hpp>
-#include <towerpipe/programs/exchange_plan.hpp>
+#include <towerpipe/wiring/copy_wiring.hpp>
+#include <towerpipe/wiring/exchange_buffers.hpp>
+#include <towerpipe/plan/exchange_plan.hpp>
 #include <towerpipe/programs/host_dispatch.hpp>
-#include <towerpipe/programs/owner_wiring.hpp>
-#include <towerpipe/programs/process_agents.hpp>
+#include <towerpipe/wiring/owner_wiring.hpp>
+#include <towerpipe/kernels/process_agents.hpp>
 #include <towerpipe/towerpipe.hpp>
 
 #include <catch2/catch.hpp>

@@ -17,14 +17,14 @@
 #include <utility>
 #include <vector>
 
-#include "towerpipe/exec/simulated/executor.hpp"
+#include "towerpipe/executor/simulated/executor.hpp"
 #include "towerpipe/optim/adam.hpp"
 #include "towerpipe/optim/sgd.hpp"
-#include "towerpipe/programs/agents.hpp"
+#include "towerpipe/kernels/agents.hpp"
 #include "towerpipe/programs/host_dispatch.hpp"
-#include "towerpipe/programs/launch_policy.hpp"
-#include "towerpipe/programs/process_agents.hpp"
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/plan/launch_policy.hpp"
+#include "towerpipe/kernels/process_agents.hpp"
+#include "towerpipe/kernels/screen.hpp"
 
 namespace {
 
@@ -829,7 +829,7 @@ struct touched_bytes final : towerpipe::detail::access_recorder {
   }
 };
 
-// What the agent's operands() declares over `chunks`, by the definition in programs/agents.hpp.
+// What the agent's operands() declares over `chunks`, by the definition in kernels/agents.hpp.
 struct declared_bytes {
   const std::vector<tensor_chunk>* chunks;
   byte_ranges reads, writes;

@@ -44,7 +44,7 @@ class cuda_stream {
     device_guard on(device);
     TOWERPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
-  // As the executor makes them (exec/cuda_executor.cuh); the label is for the simulation's messages.
+  // As the executor makes them (cuda/executor.cuh); the label is for the simulation's messages.
   template <class Executor>
   cuda_stream(const Executor&, int device, const char* = "") : cuda_stream(device) {}
   ~cuda_stream() {

@@ -12,7 +12,7 @@
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_kernel.cuh"
-#include "towerpipe/programs/chunk_table.hpp"
+#include "towerpipe/plan/chunk_table.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -31,7 +31,7 @@ class device_chunk_table {
 
   std::size_t size() const { return static_cast<std::size_t>(count_); }
 
-  // Over the chunks [run.first, run.last) (every_chunk: all; a gradient bucket's: programs/chunk_table.hpp
+  // Over the chunks [run.first, run.last) (every_chunk: all; a gradient bucket's: plan/chunk_table.hpp
   // chunks_by_variable); an empty run launches nothing.
   template <class Policy, class Agent>
   void launch(const Agent& agent, const cuda_stream& stream, chunk_group run = every_chunk) const {
@@ -54,7 +54,7 @@ class device_chunk_table {
   cuda_device_memory::owner<tensor_chunk> chunks_;
 };
 
-// A pointer table (programs/chunk_table.hpp) uploaded to one device. A table of no roles (no state
+// A pointer table (plan/chunk_table.hpp) uploaded to one device. A table of no roles (no state
 // slots, no replica reached directly) still gets a zeroed entry, so that its view is a valid pointer.
 template <class T>
 class device_pointer_table {

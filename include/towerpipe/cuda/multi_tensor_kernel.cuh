@@ -1,16 +1,16 @@
 #pragma once
 // The multi-tensor kernel. Layering as CUB's: the launch policy is a plain value struct
-// (programs/launch_policy.hpp, testable on the host), the kernel is a thin loop that hands (chunk,
-// thread) to the agent, and the agent (programs/agents.hpp) holds all the math — which is why tests can
+// (plan/launch_policy.hpp, testable on the host), the kernel is a thin loop that hands (chunk,
+// thread) to the agent, and the agent (kernels/agents.hpp) holds all the math — which is why tests can
 // run the same agents on the host.
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 
-#include "towerpipe/programs/agents.hpp"
-#include "towerpipe/programs/chunk_table.hpp"
-#include "towerpipe/programs/launch_policy.hpp"
+#include "towerpipe/kernels/agents.hpp"
+#include "towerpipe/plan/chunk_table.hpp"
+#include "towerpipe/plan/launch_policy.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -1,5 +1,5 @@
 #pragma once
-// The gradient screen on a device (programs/screen.hpp): a warp per tile runs the lane program, adds the
+// The gradient screen on a device (kernels/screen.hpp): a warp per tile runs the lane program, adds the
 // 32 lane sums with warp shuffles in the screen's pairwise order, and takes the smallest non-finite key
 // with cub::WarpReduce (a minimum, so its order does not matter) and one atomicMin per warp that found
 // one. The shuffle tree is written out rather than left to cub::WarpReduce because the norm's order must
@@ -18,8 +18,8 @@
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
-#include "towerpipe/programs/chunk_table.hpp"
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/plan/chunk_table.hpp"
+#include "towerpipe/kernels/screen.hpp"
 
 namespace towerpipe {
 namespace detail {

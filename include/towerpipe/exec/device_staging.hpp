@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "towerpipe/layout/batch.hpp"
+#include "towerpipe/data/batch.hpp"
 
 namespace towerpipe {
 namespace detail {

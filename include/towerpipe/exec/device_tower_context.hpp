@@ -10,8 +10,8 @@
 
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/exec/tower_context.hpp"
-#include "towerpipe/layout/batch.hpp"
-#include "towerpipe/programs/operands.hpp"
+#include "towerpipe/data/batch.hpp"
+#include "towerpipe/kernels/operands.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -32,13 +32,13 @@
 #include "towerpipe/exec/device_staging.hpp"
 #include "towerpipe/exec/device_tower_context.hpp"
 #include "towerpipe/exec/host.hpp"
-#include "towerpipe/exec/thread_pool.hpp"
+#include "towerpipe/executor/thread_pool.hpp"
 #include "towerpipe/exec/tower_failures.hpp"
-#include "towerpipe/layout/batch.hpp"
-#include "towerpipe/programs/copy_wiring.hpp"
-#include "towerpipe/programs/operands.hpp"
+#include "towerpipe/data/batch.hpp"
+#include "towerpipe/wiring/copy_wiring.hpp"
+#include "towerpipe/kernels/operands.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
-#include "towerpipe/step/split.hpp"
+#include "towerpipe/data/split.hpp"
 #include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {
@@ -113,7 +113,7 @@ class device_towers {
 
   std::size_t towers() const { return towers_.size(); }
   int device(std::size_t t) const { return devices_[t]; }
-  // Which towers' buffers a kernel on one tower's stream uses in place (programs/copy_wiring.hpp).
+  // Which towers' buffers a kernel on one tower's stream uses in place (wiring/copy_wiring.hpp).
   const tower_access& access() const { return access_; }
   thread_pool& pool() { return pool_; }
 
@@ -126,7 +126,7 @@ class device_towers {
 
   // Where gradient_ready marks go (the step's parts: pipeline/step_parts.hpp), or nowhere (null).
   void set_ready_listener(tower_ready_listener* listener) { listener_ = listener; }
-  // Events for gradient buckets (step/buckets.hpp), one per tower and bucket: recorded on the tower's
+  // Events for gradient buckets (plan/buckets.hpp), one per tower and bucket: recorded on the tower's
   // stream when it has marked the whole bucket (record_bucket_done, from the tower's thread), so that a
   // reduction of the bucket waits for exactly the work that wrote its gradients.
   void prepare_bucket_events(std::size_t buckets) {

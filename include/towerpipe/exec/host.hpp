@@ -25,12 +25,12 @@
 #include "towerpipe/core/policy_kinds.hpp"
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/exec/thread_pool.hpp"
+#include "towerpipe/executor/thread_pool.hpp"
 #include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/exec/tower_failures.hpp"
-#include "towerpipe/layout/batch.hpp"
+#include "towerpipe/data/batch.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
-#include "towerpipe/step/split.hpp"
+#include "towerpipe/data/split.hpp"
 #include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {

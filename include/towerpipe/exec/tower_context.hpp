@@ -18,7 +18,7 @@
 // signalling-NaN pattern before the tower runs and fails the step on any element that still holds it,
 // naming tower, variable and element.
 //
-// Marking gradients ready (overlap, step/buckets.hpp). gradient_ready(v) says that the tower is done with
+// Marking gradients ready (overlap, plan/buckets.hpp). gradient_ready(v) says that the tower is done with
 // variable v for this step: it will neither write its gradient nor read its parameter again, so the
 // pipeline may reduce v's bucket — and, in an unchecked step, update its parameters — while the tower's
 // backward pass goes on. Marking a variable before its gradient was written, marking it twice, or
@@ -35,7 +35,7 @@
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/layout/batch.hpp"
+#include "towerpipe/data/batch.hpp"
 
 namespace towerpipe {
 namespace detail {

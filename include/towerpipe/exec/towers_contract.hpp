@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "towerpipe/core/tensor_view.hpp"
-#include "towerpipe/layout/batch.hpp"
-#include "towerpipe/step/split.hpp"
+#include "towerpipe/data/batch.hpp"
+#include "towerpipe/data/split.hpp"
 
 namespace towerpipe {
 namespace detail {

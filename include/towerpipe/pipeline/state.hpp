@@ -25,7 +25,7 @@
 #include "towerpipe/exec/towers_contract.hpp"
 #include "towerpipe/layout/precision.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
-#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/common/reducer_for.hpp"
 #include "towerpipe/step/accumulation_window.hpp"
 #include "towerpipe/step/changes_since_step.hpp"
 #include "towerpipe/step/exclusive_call.hpp"

@@ -1,10 +1,10 @@
 #pragma once
 // step_parts<Towers, Reducer> — drives a step's parts through the reducer (reduce/common/contract.hpp):
-// each gradient bucket (step/buckets.hpp) as soon as every tower has marked it ready
-// (tower_context::gradient_ready), on a thread of its own (exec/background_worker.hpp) while the towers'
+// each gradient bucket (plan/buckets.hpp) as soon as every tower has marked it ready
+// (tower_context::gradient_ready), on a thread of its own (executor/background_worker.hpp) while the towers'
 // backward passes go on; after the towers, what they left — the buckets the last tower completed by
 // returning, or every bucket of towers that mark nothing, or, where buckets do not go during the towers,
-// the whole step as one part. Bitwise the unbucketed step whatever the buckets (step/buckets.hpp says why).
+// the whole step as one part. Bitwise the unbucketed step whatever the buckets (plan/buckets.hpp says why).
 //
 // The towers tell it of their marks (it is their ready listener); GPU towers record an event on their
 // stream when a tower completes a bucket (record_bucket_done), which the bucket's pass waits for.
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/exec/background_worker.hpp"
+#include "towerpipe/executor/background_worker.hpp"
 #include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
-#include "towerpipe/step/buckets.hpp"
+#include "towerpipe/plan/buckets.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -1,16 +1,16 @@
 #pragma once
-// The host form of the device reducers' launches and copies: a multi-tensor agent (programs/agents.hpp)
+// The host form of the device reducers' launches and copies: a multi-tensor agent (kernels/agents.hpp)
 // over a chunk table as `threads` emulated threads, each taking its share of every chunk in groups of
 // W (cuda/multi_tensor_kernel.cuh); a screen tile as a warp of the screen kernel computes it
-// (cuda/screen_kernel.cuh); a copy list (programs/copy_list.hpp). The host tests run the reducers'
+// (cuda/screen_kernel.cuh); a copy list (plan/copy_list.hpp). The host tests run the reducers'
 // own tables and copies through these.
 
 #include <algorithm>
 #include <vector>
 
-#include "towerpipe/programs/agents.hpp"
-#include "towerpipe/programs/copy_list.hpp"
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/kernels/agents.hpp"
+#include "towerpipe/plan/copy_list.hpp"
+#include "towerpipe/kernels/screen.hpp"
 
 namespace towerpipe {
 namespace detail {

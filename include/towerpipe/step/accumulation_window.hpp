@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/kernels/screen.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -19,7 +19,7 @@ class accumulation_window {
   std::size_t pending() const { return micro_batches_; }  // micro-batches averaged, 0 between windows
   std::size_t micro_batch() const { return micro_batches_ + 1; }  // this step's, from 1
 
-  // Where a micro-batch of `examples` stands in the window (programs/screen.hpp, accumulation).
+  // Where a micro-batch of `examples` stands in the window (kernels/screen.hpp, accumulation).
   template <class T>
   accumulation<T> place(std::size_t examples) const {
     accumulation<T> window;

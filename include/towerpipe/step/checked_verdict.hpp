@@ -1,5 +1,5 @@
 #pragma once
-// The verdict of a checked step (programs/screen.hpp) once its screen is in, as a function of the
+// The verdict of a checked step (kernels/screen.hpp) once its screen is in, as a function of the
 // screen's partials and the options: the gradient norm, whether the step is skipped (a non-finite
 // average under on_nonfinite = skip), refused (throw_error: a towerpipe::error naming the element) or
 // applied, and the clipping coefficient. The reducer applies what this decides.
@@ -11,7 +11,7 @@
 
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/kernels/screen.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
 #include "towerpipe/step/stats.hpp"
 

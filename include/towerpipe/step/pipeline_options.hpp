@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "towerpipe/comm/process_group.hpp"
-#include "towerpipe/step/buckets.hpp"
-#include "towerpipe/step/split.hpp"
+#include "towerpipe/plan/buckets.hpp"
+#include "towerpipe/data/split.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
@@ -62,7 +62,7 @@ struct pipeline_options {
   bool poison_gradients = false;
 
   // A checked step (anything but unchecked, or clipping on) averages first, screens the average
-  // (programs/screen.hpp) and applies second: 2 sizeof(T) more bytes per parameter than one fused pass.
+  // (kernels/screen.hpp) and applies second: 2 sizeof(T) more bytes per parameter than one fused pass.
   nonfinite_policy on_nonfinite = nonfinite_policy::skip;
   // Global-norm clipping of the averaged gradient, as torch.nn.utils.clip_grad_norm_(max_norm): the
   // gradient is multiplied by min(1, max_grad_norm / (norm + 1e-6)) before the optimizer. 0: off.
@@ -75,7 +75,7 @@ struct pipeline_options {
   // the concatenated batch up to rounding; bitwise the plain step for 1.
   std::size_t accumulation_steps = 1;
 
-  // Gradient buckets (step/buckets.hpp): which variables are reduced together once every tower has
+  // Gradient buckets (plan/buckets.hpp): which variables are reduced together once every tower has
   // marked them ready (tower_context::gradient_ready). By default reverse declaration order, at most
   // 25 MiB of gradient a bucket. Results are bitwise the same for every choice.
   gradient_buckets buckets;
@@ -101,7 +101,7 @@ struct pipeline_options {
 
 namespace detail {
 
-// Whether steps take the checked passes (programs/screen.hpp) rather than the single fused one.
+// Whether steps take the checked passes (kernels/screen.hpp) rather than the single fused one.
 inline bool takes_checked_steps(const pipeline_options& options, bool mixed_precision) {
   return mixed_precision || options.on_nonfinite != nonfinite_policy::unchecked || options.max_grad_norm > 0 ||
          options.loss_scale.mode != loss_scale_mode::off || options.accumulation_steps > 1;

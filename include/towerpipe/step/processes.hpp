@@ -24,8 +24,8 @@
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
-#include "towerpipe/programs/screen.hpp"
-#include "towerpipe/step/split.hpp"
+#include "towerpipe/kernels/screen.hpp"
+#include "towerpipe/data/split.hpp"
 
 namespace towerpipe {
 namespace detail {

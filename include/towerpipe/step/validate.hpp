@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
-#include "towerpipe/layout/batch.hpp"
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/data/batch.hpp"
+#include "towerpipe/kernels/screen.hpp"
 #include "towerpipe/step/loss_scaler.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
 

@@ -29,7 +29,7 @@
 #include "towerpipe/reduce/choice/host_space.hpp"
 #include "towerpipe/reduce/choice/tuner.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
-#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/common/reducer_for.hpp"
 
 namespace towerpipe {
 

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "towerpipe/reduce/common/backend_traits.hpp"
-#include "towerpipe/reduce/device0.hpp"
-#include "towerpipe/reduce/host.hpp"
-#include "towerpipe/reduce/host_for_devices.hpp"
-#include "towerpipe/reduce/p2p_tree.hpp"
+#include "towerpipe/reduce/device0/reducer.hpp"
+#include "towerpipe/reduce/host/host_towers.hpp"
+#include "towerpipe/reduce/host/device_towers.hpp"
+#include "towerpipe/reduce/p2p_tree/reducer.hpp"
 #include "towerpipe/reduce/sharded/device_towers.hpp"
 #include "towerpipe/reduce/sharded/host_towers.hpp"
 

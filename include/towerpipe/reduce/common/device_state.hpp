@@ -15,10 +15,10 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/layout/precision.hpp"
-#include "towerpipe/programs/agents.hpp"
-#include "towerpipe/programs/chunk_table.hpp"
-#include "towerpipe/programs/copy_list.hpp"
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/kernels/agents.hpp"
+#include "towerpipe/plan/chunk_table.hpp"
+#include "towerpipe/plan/copy_list.hpp"
+#include "towerpipe/kernels/screen.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -35,7 +35,7 @@ typename Executor::template pointer_table<T> vector_pointer_table(const Executor
   return typename Executor::template pointer_table<T>(exec, pointers, variables, device);
 }
 
-// Runs a copy list (programs/copy_list.hpp) on a stream; a peer copy works with or without peer access
+// Runs a copy list (plan/copy_list.hpp) on a stream; a peer copy works with or without peer access
 // (without it the driver stages through the host), which makes it the fallback path.
 template <class Executor, class T>
 void run_copies_async(const Executor& exec, const copy_list<T>& copies, const typename Executor::stream& stream) {
@@ -164,7 +164,7 @@ void launch_fused_apply(const Table& chunks, const Stream& stream, int towers, c
   });
 }
 
-// The screen (programs/screen.hpp) of the canonical average of every tower's gradient (of type Stored,
+// The screen (kernels/screen.hpp) of the canonical average of every tower's gradient (of type Stored,
 // widened), into `averaged`.
 template <class T, class Stored, class Screen, class Stream>
 void launch_tower_screen(const Screen& screen, const Stream& stream, int towers, const pointer_table<const Stored>& gradients,

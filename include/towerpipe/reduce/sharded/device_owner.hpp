@@ -3,7 +3,7 @@
 // in one process (reduce/sharded/device_towers.hpp, an owner per tower) and a process
 // (reduce/sharded/device_towers_across_processes.hpp, an owner per process). Its plain-C++ part —
 // its slice, its slice of the state, for checked steps its slice of the average, across processes and
-// with mixed precision its master slice — is programs/owner_wiring.hpp's slice_owner in device memory;
+// with mixed precision its master slice — is wiring/owner_wiring.hpp's slice_owner in device memory;
 // here, written against an executor (exec/executor.hpp), its stream and timing events, the tables uploaded (their vector alignment checked on the host
 // first, for the element type of each table: the master type for the owner's own storage, the towers'
 // stored type for tables over their buffers), the screen of its tiles, and the state's and the
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "towerpipe/core/variable_set.hpp"
-#include "towerpipe/programs/launch_policy.hpp"
-#include "towerpipe/programs/owner_wiring.hpp"
-#include "towerpipe/programs/screen.hpp"
+#include "towerpipe/plan/launch_policy.hpp"
+#include "towerpipe/wiring/owner_wiring.hpp"
+#include "towerpipe/kernels/screen.hpp"
 #include "towerpipe/reduce/common/device_state.hpp"
 
 namespace towerpipe {

@@ -1,6 +1,6 @@
 #pragma once
 // reduce::sharded for device towers (GPUs, or simulated ones), in one process: the optimizer sharded over the towers' devices.
-// Tower t's device owns slice t of the chunk table (programs/owner_slices.hpp: whole chunks, about 1/N of
+// Tower t's device owns slice t of the chunk table (plan/owner_slices.hpp: whole chunks, about 1/N of
 // the parameters) and holds only that slice's optimizer state (and, for checked steps, that slice of the
 // average). A step runs, on every owner's stream at once, the fused multi-tensor kernel of
 // reduce::device0 over the owner's chunks: it reads that slice of every tower's gradient (peer reads),
@@ -21,7 +21,7 @@
 // together move what device0 moves, spread over the devices: on one GPU it costs about device0's time,
 // on devices joined by NVLink each link carries 1/N of it. The state is 1/N per device.
 //
-// Checked steps (programs/screen.hpp): each owner screens its slice's average into its own buffer; slices
+// Checked steps (kernels/screen.hpp): each owner screens its slice's average into its own buffer; slices
 // start where screen tiles start (chunks are whole tiles), so the owners' tile sums in owner order are
 // the whole table's, and the first non-finite key is their minimum. Then each owner applies.
 //
@@ -46,18 +46,18 @@
 #include "towerpipe/core/host_memory.hpp"
 #include "towerpipe/core/log.hpp"
 #include "towerpipe/exec/device_towers.hpp"
-#include "towerpipe/programs/agents.hpp"
-#include "towerpipe/programs/launch_policy.hpp"
-#include "towerpipe/programs/owner_slices.hpp"
-#include "towerpipe/programs/owner_wiring.hpp"
+#include "towerpipe/kernels/agents.hpp"
+#include "towerpipe/plan/launch_policy.hpp"
+#include "towerpipe/plan/owner_slices.hpp"
+#include "towerpipe/wiring/owner_wiring.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
 #include "towerpipe/reduce/common/device_state.hpp"
 #include "towerpipe/reduce/common/one_of.hpp"
-#include "towerpipe/reduce/reducer_for.hpp"
+#include "towerpipe/reduce/common/reducer_for.hpp"
 #include "towerpipe/reduce/sharded/device_owner.hpp"
 #include "towerpipe/reduce/sharded/device_towers_across_processes.hpp"
 #include "towerpipe/reduce/sharded/host_towers.hpp"
-#include "towerpipe/step/buckets.hpp"
+#include "towerpipe/plan/buckets.hpp"
 #include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
@@ -203,7 +203,7 @@ class sharded_device_reducer {
 
  private:
   // One owner: tower `tower`'s device (device_owner: its slice, its slice of the state), and every tower's
-  // buffers as its pass uses them (programs/owner_wiring.hpp slice_copies: in place where its device
+  // buffers as its pass uses them (wiring/owner_wiring.hpp slice_copies: in place where its device
   // reaches the tower, else compact copies of the slice, copied in and out around the pass).
   struct owner : device_owner<master_type, Policy, Executor> {
     owner(const Executor& exec, const variable_set& variables, const std::vector<tensor_chunk>& table, owner_slice owned, std::size_t k,

@@ -1,9 +1,9 @@
 #pragma once
 // reduce::sharded for device towers across processes (pipeline_options::processes): each process runs L
-// GPU towers and owns one slice of the chunk table (programs/exchange_plan.hpp), with that slice's
+// GPU towers and owns one slice of the chunk table (plan/exchange_plan.hpp), with that slice's
 // optimizer state on its towers' first device (1/R of it). Global tower index = rank-major. A step, on
 // the device of the process's tower 0:
-//   1. contributions (programs/process_agents.hpp): for every owner, this process's canonical partial of
+//   1. contributions (kernels/process_agents.hpp): for every owner, this process's canonical partial of
 //      w_t * g_t over its towers (L a power of two: a subtree of the global tree) or each tower's
 //      w_t * g_t (other L: L times the bytes), into the send buffer;
 //   2. the all-to-all: every owner gets every process's contributions to its slice;
@@ -34,7 +34,7 @@
 // fp32; the gather brings every process the whole fp32 master (4 bytes a parameter), which master_on_host
 // reads, and a narrowing copy rounds it to nearest even into each tower's replica — for the towers tower
 // 0's device does not reach, into one rounded copy on that device, copied out from there
-// (programs/exchange_buffers.hpp gathered_broadcast).
+// (wiring/exchange_buffers.hpp gathered_broadcast).
 
 // Written once against an executor (exec/executor.hpp).
 
@@ -46,16 +46,16 @@
 #include "towerpipe/comm/device_collectives.hpp"
 #include "towerpipe/core/log.hpp"
 #include "towerpipe/exec/device_towers.hpp"
-#include "towerpipe/programs/agents.hpp"
-#include "towerpipe/programs/copy_wiring.hpp"
-#include "towerpipe/programs/exchange_buffers.hpp"
-#include "towerpipe/programs/exchange_plan.hpp"
-#include "towerpipe/programs/launch_policy.hpp"
-#include "towerpipe/programs/process_agents.hpp"
+#include "towerpipe/kernels/agents.hpp"
+#include "towerpipe/wiring/copy_wiring.hpp"
+#include "towerpipe/wiring/exchange_buffers.hpp"
+#include "towerpipe/plan/exchange_plan.hpp"
+#include "towerpipe/plan/launch_policy.hpp"
+#include "towerpipe/kernels/process_agents.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
 #include "towerpipe/reduce/common/device_state.hpp"
 #include "towerpipe/reduce/sharded/device_owner.hpp"
-#include "towerpipe/step/buckets.hpp"
+#include "towerpipe/plan/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
 #include "towerpipe/step/stats.hpp"
 

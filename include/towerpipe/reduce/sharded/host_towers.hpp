@@ -4,14 +4,14 @@
 // Bitwise equal to one process with the same total towers (README.md, invariant 2), whatever the process
 // count.
 //
-// The partition is the one of GPU towers across processes (programs/exchange_plan.hpp): the variables'
+// The partition is the one of GPU towers across processes (plan/exchange_plan.hpp): the variables'
 // chunk table, in chunks of one screen tile, cut into one run of whole chunks per process, balanced by
 // elements; a slice lives in compact storage (each variable's range padded to stored_alignment), reached
-// through pointer tables (programs/owner_slices.hpp slice_pointers), and the exchange moves the plan's
+// through pointer tables (plan/owner_slices.hpp slice_pointers), and the exchange moves the plan's
 // blocks. A step:
 //   1. contributions: each process sends every owner its contributions to the owner's slice (one
 //      personalised all-to-all). With a power-of-two count L of towers per process, process r's towers
-//      rL ... rL + L - 1 form a subtree of the canonical tree (programs/canonical_order.hpp), so the
+//      rL ... rL + L - 1 form a subtree of the canonical tree (plan/canonical_order.hpp), so the
 //      process sends its local canonical sum of w_i * g_i: one partial per process crosses the wire.
 //      With other counts that is not so, and it sends each tower's w_i * g_i (L times the bytes): the
 //      owner runs the whole tree.
@@ -34,7 +34,7 @@
 // set_optimizer_state keeps the part of the slice (no communication), so checkpoints hold whole
 // variables and load with any process count.
 //
-// Checked steps (programs/screen.hpp: skipping or throwing on non-finite values, clipping, loss scaling,
+// Checked steps (kernels/screen.hpp: skipping or throwing on non-finite values, clipping, loss scaling,
 // accumulation): the owners keep their slice of the average and screen it; a chunk of the partition is
 // a screen tile, so each tile's sum of squares is computed whole by one owner, and every process gathers
 // all of them, in the table's order, and the first non-finite key — the same norm, skip and report as in
@@ -43,7 +43,7 @@
 // Gradient buckets (reduce/overlapped_reduction.hpp): while the towers run, a bucket's contributions go
 // into the send buffer on the worker thread, and in one process its owner's work follows at once (the
 // update and the new parameters, or its screen). Across processes the exchange is cut by bucket
-// (programs/exchange_plan.hpp): the worker exchanges a bucket once it and every bucket before it are
+// (plan/exchange_plan.hpp): the worker exchanges a bucket once it and every bucket before it are
 // in, so that every process makes the same exchanges in the same order, whichever buckets its own
 // towers finished first. Before the processes agree on the towers' outcome (step/processes.hpp), each
 // process settles the rest — the contributions its towers left, then every bucket not yet exchanged,
@@ -61,7 +61,6 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
-#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -70,49 +69,23 @@
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/exec/host.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
-#include "towerpipe/programs/canonical_order.hpp"
-#include "towerpipe/programs/chunk_table.hpp"
-#include "towerpipe/programs/exchange_plan.hpp"
-#include "towerpipe/programs/owner_slices.hpp"
+#include "towerpipe/plan/canonical_order.hpp"
+#include "towerpipe/plan/chunk_table.hpp"
+#include "towerpipe/plan/exchange_plan.hpp"
+#include "towerpipe/plan/owner_slices.hpp"
 #include "towerpipe/layout/precision.hpp"
-#include "towerpipe/reduce/common/backend_traits.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
-#include "towerpipe/reduce/host.hpp"
-#include "towerpipe/reduce/reducer_for.hpp"
-#include "towerpipe/programs/screen.hpp"
-#include "towerpipe/step/buckets.hpp"
+#include "towerpipe/reduce/common/host_pass.hpp"
+#include "towerpipe/reduce/sharded/policy.hpp"
+#include "towerpipe/reduce/common/reducer_for.hpp"
+#include "towerpipe/kernels/screen.hpp"
+#include "towerpipe/plan/buckets.hpp"
 #include "towerpipe/step/processes.hpp"
-#include "towerpipe/step/split.hpp"
+#include "towerpipe/data/split.hpp"
 #include "towerpipe/step/stats.hpp"
 
 namespace towerpipe {
 
-namespace reduce {
-
-// The optimizer sharded over processes (see the top of this header), or over GPU towers' devices
-// (reduce/sharded/device_towers.hpp).
-struct sharded {
-  using policy_kind = detail::reduce_policy_kind;
-  static constexpr const char* name = "sharded";
-  // On one device the owners together make device0's pass.
-  static double one_device_bytes(std::size_t towers, std::size_t element_bytes) { return detail::fused_pass_bytes(towers, element_bytes); }
-  // Each tower owns 1/N: device d receives the contributions to its n_d/N and gathers the others'
-  // slices into its n_d replicas, 2 n_d (N - n_d) / N each way.
-  static double busiest_link_elements(const std::vector<int>& devices) {
-    const double n = static_cast<double>(devices.size());
-    std::map<int, double> load;
-    for (const auto& [device, towers] : detail::towers_per_device(devices)) {
-      const double own = static_cast<double>(towers);
-      load[device] = 2 * own * (n - own) / n;
-    }
-    return detail::busiest(load);
-  }
-  static constexpr backend_traits traits{
-      name, true, true, true, 1.5, &one_device_bytes, &busiest_link_elements, false,
-      "its slices copied in one process (1.5-5.1x reduce::host's time; across processes the only backend)"};
-};
-
-}  // namespace reduce
 
 namespace detail {
 
@@ -513,7 +486,7 @@ class sharded_host_reducer {
   std::vector<master_type> master_;    // mixed precision: the whole master copy (see master_on_host), laid out as gathered_
   std::vector<master_type> state_;     // this process's slice of each state slot, one after another
   std::vector<master_type> averaged_;  // checked steps: the owner's slice of the average (or running sum)
-  // Pointer tables over that storage ([row or slot][variable]; programs/owner_slices.hpp slice_pointers).
+  // Pointer tables over that storage ([row or slot][variable]; plan/owner_slices.hpp slice_pointers).
   std::vector<std::vector<master_type*>> send_rows_;  // per owner
   std::vector<master_type*> received_rows_, updated_slice_, state_rows_, averaged_slice_;
   int gathered_slot_ = -1;  // the state slot gathered_ holds, -1: none (parameters or stale)

@@ -1,0 +1,42 @@
+#pragma once
+// reduce::sharded — the optimizer sharded over processes, each owning one slice of the parameters and of
+// the optimizer state (reduce/sharded/host_towers.hpp, reduce/sharded/device_towers_across_processes.hpp),
+// or over the devices of one process's towers (reduce/sharded/device_towers.hpp): the policy type and what
+// reduce::automatic knows of it.
+
+#include <cstddef>
+#include <map>
+#include <vector>
+
+#include "towerpipe/core/policy_kinds.hpp"
+#include "towerpipe/reduce/common/backend_traits.hpp"
+
+namespace towerpipe {
+
+namespace reduce {
+
+// The optimizer sharded over processes or over the towers' devices (see the top of this header).
+struct sharded {
+  using policy_kind = detail::reduce_policy_kind;
+  static constexpr const char* name = "sharded";
+  // On one device the owners together make device0's pass.
+  static double one_device_bytes(std::size_t towers, std::size_t element_bytes) { return detail::fused_pass_bytes(towers, element_bytes); }
+  // Each tower owns 1/N: device d receives the contributions to its n_d/N and gathers the others'
+  // slices into its n_d replicas, 2 n_d (N - n_d) / N each way.
+  static double busiest_link_elements(const std::vector<int>& devices) {
+    const double n = static_cast<double>(devices.size());
+    std::map<int, double> load;
+    for (const auto& [device, towers] : detail::towers_per_device(devices)) {
+      const double own = static_cast<double>(towers);
+      load[device] = 2 * own * (n - own) / n;
+    }
+    return detail::busiest(load);
+  }
+  static constexpr backend_traits traits{
+      name, true, true, true, 1.5, &one_device_bytes, &busiest_link_elements, false,
+      "its slices copied in one process (1.5-5.1x reduce::host's time; across processes the only backend)"};
+};
+
+}  // namespace reduce
+
+}  // namespace towerpipe

@@ -1,0 +1,103 @@
+#pragma once
+// The buffers of reduce::sharded across processes with GPU towers (reduce/sharded/gpu_towers_across_processes.cuh),
+// laid out by exchange_plan (plan/exchange_plan.hpp), allocated from `Memory` (cuda_device_memory on
+// tower 0's device, host memory in the tests), with the pointer tables over them: the rows this process
+// sends each owner, the rows it receives as an owner, the gathered parameters — all in the master type
+// (float for 16-bit towers: the gathered buffer is then the whole fp32 master). And, after the gather,
+// the broadcast into the local towers' replicas (gathered_broadcast).
+
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include "towerpipe/core/error.hpp"
+#include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/plan/copy_list.hpp"
+#include "towerpipe/wiring/copy_wiring.hpp"
+#include "towerpipe/plan/exchange_plan.hpp"
+#include "towerpipe/kernels/process_agents.hpp"
+
+namespace towerpipe {
+namespace detail {
+
+template <class T, class Memory>
+struct exchange_buffers {
+  exchange_buffers(const exchange_plan& plan, const variable_set& variables, const Memory& memory)
+      : send(memory.template allocate<T>(plan.send_elements(), 256)),
+        received(memory.template allocate<T>(plan.receive_elements(), 256)),
+        gathered(memory.template allocate<T>(plan.total(), 256)),
+        received_rows(plan.received_row_pointers(received.get())),
+        gathered_flat(padded_flat_pointers(gathered.get(), variables)) {
+    for (int owner = 0; owner < plan.processes(); ++owner) send_rows.push_back(plan.send_row_pointers(owner, send.get()));
+  }
+
+  typename Memory::template owner<T> send, received, gathered;
+  std::vector<std::vector<T*>> send_rows;  // per owner: role = row
+  std::vector<T*> received_rows;           // role = global row
+  std::vector<T*> gathered_flat;           // role 0: every variable, end to end, padded
+};
+
+// After the gather, on `device` (tower 0's): the new parameters into each tower `copies` copies, one
+// copy per variable from the gathered buffer (the towers it reaches get them from copy_agent over
+// copies.replicas()).
+// T: the gathered buffer's type, which is the replicas' (gathered_broadcast passes its narrowed copy).
+template <class T, class Towers, class CopyBuffer>
+copy_list<T> gathered_into_copied_replicas(Towers& towers, const tower_copies<CopyBuffer>& copies, const T* gathered, int device,
+                                           const variable_set& variables) {
+  const std::vector<std::size_t> starts = padded_flat_starts(variables);
+  copy_list<T> list;
+  for (std::size_t t = 0; t < copies.towers(); ++t) {
+    if (!copies.copied(t)) continue;
+    for (std::size_t v = 0; v < variables.count(); ++v)
+      list.push_back({towers.replica(t).data(v), towers.device(t), gathered + starts[v], device, variables[v].size});
+  }
+  return list;
+}
+
+// After the gather, on tower 0's device: the gathered parameters (T) into every local tower's replica
+// (Stored). copy_agent<T, Stored> over targets() writes the replicas tower 0's device reaches (role =
+// tower, copies.replicas()) and, with mixed precision where some tower is copied, one more role: a
+// narrowed copy of the whole, laid out as the gathered buffer, on tower 0's device; then copies() moves
+// the rest to the copied towers, from that narrowed copy (mixed precision) or from the gathered buffer
+// itself. Every target of the agent holds Stored values (a copy never narrows, so the copied towers get
+// the agent's rounding, bit for bit the reached towers').
+template <class Stored, class T, class Memory>
+class gathered_broadcast {
+ public:
+  static constexpr bool mixed = !std::is_same<T, Stored>::value;
+
+  template <class Towers, class CopyBuffer>
+  gathered_broadcast(Towers& towers, const tower_copies<CopyBuffer>& copies, const T* gathered, const variable_set& variables,
+                     const Memory& memory)
+      : targets_(copies.replicas()), target_count_(copies.reached()) {
+    const Stored* source = nullptr;
+    if constexpr (!mixed) {
+      source = gathered;
+    } else if (copies.reached() < static_cast<int>(copies.towers())) {
+      narrowed_ = memory.template allocate<Stored>(padded_flat_starts(variables).back(), 256);
+      const std::vector<Stored*> whole = padded_flat_pointers(narrowed_.get(), variables);
+      targets_.insert(targets_.end(), whole.begin(), whole.end());
+      ++target_count_;
+      source = narrowed_.get();
+    }
+    if (targets_.size() != static_cast<std::size_t>(target_count_) * variables.count())
+      fail("gathered_broadcast: ", targets_.size(), " pointer-table entries for ", target_count_, " roles of ", variables.count(),
+           " variables");
+    copies_ = gathered_into_copied_replicas(towers, copies, source, towers.device(0), variables);
+  }
+
+  // Pointer-table entries of the agent's targets, role after role.
+  const std::vector<Stored*>& targets() const { return targets_; }
+  int target_count() const { return target_count_; }
+  // After the agent: into the copied towers' replicas.
+  const copy_list<Stored>& copies() const { return copies_; }
+
+ private:
+  std::vector<Stored*> targets_;
+  int target_count_;
+  typename Memory::template owner<Stored> narrowed_;  // mixed precision with a copied tower
+  copy_list<Stored> copies_;
+};
+
+}  // namespace detail
+}  // namespace towerpipe
