@@ -48,7 +48,7 @@ class check:
 
 
 def p2p_bytes_over_device0(towers):
-    """Adam on one device: the tree's bytes per parameter over device0's (reduce/p2p_tree.cuh's count)."""
+    """Adam on one device: the tree's bytes per parameter over device0's (reduce/p2p_tree/reducer.hpp's count)."""
     rounds = math.ceil(math.log2(towers)) if towers > 1 else 0
     return (20 * towers - 4 * rounds) / (8 * towers + 20)
 

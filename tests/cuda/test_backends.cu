@@ -277,7 +277,7 @@ TEST_CASE("sharded spreads the optimizer state over the towers, about 1/N each",
     std::printf(" (device0 holds %.0f on tower 0)\n", 2.0 * slot_bytes);
   }
 }
-// One GPU: device0 (reduce/backend_choice.hpp, rule 3); timing all four candidates on the first step
+// One GPU: device0 (reduce/choice/chooser.hpp, rule 3); timing all four candidates on the first step
 // (each trial from the step's start, compared bit for bit) leaves the run bitwise the host's.
 TEST_CASE("reduce::automatic picks device0 on one GPU, and timing every candidate changes no bit", "[gpu][backends][automatic]") {
   optim::adam::hyper_parameters adam;

@@ -21,7 +21,6 @@
 #include "towerpipe/optim/adam.hpp"
 #include "towerpipe/optim/sgd.hpp"
 #include "towerpipe/kernels/agents.hpp"
-#include "towerpipe/programs/host_dispatch.hpp"
 #include "towerpipe/plan/launch_policy.hpp"
 #include "towerpipe/kernels/process_agents.hpp"
 #include "towerpipe/kernels/screen.hpp"
@@ -621,8 +620,9 @@ TEST_CASE("simulated devices: fill, find_first and batches of copies", "[simulat
   const auto peer = exec.device_memory(1).allocate<std::uint32_t>(100, 256);
   exec.fill_async(words.get(), 100, 0xDEADu, s);
   exec.memset_async(words.get() + 40, 0, 4 * sizeof(std::uint32_t), s);
-  REQUIRE(exec.find_first(words.get(), 100, 0u, s) == 40);
-  REQUIRE(exec.find_first(words.get(), 100, 7u, s) == 100);
+  const exec_t::find_scratch scratch(exec, 0);
+  REQUIRE(exec.find_first(words.get(), 100, 0u, s, scratch) == 40);
+  REQUIRE(exec.find_first(words.get(), 100, 7u, s, scratch) == 100);
   REQUIRE_THAT(error_of([&] { exec.fill_async(peer.get(), 100, 1u, s); }), Contains("device 0 has no peer access to device 1's memory"));
   exec.enable_peer_access({0, 1});
   exec.fill_async(peer.get(), 100, 1u, s);
@@ -642,7 +642,14 @@ TEST_CASE("simulated devices: fill, find_first and batches of copies", "[simulat
   REQUIRE(host[40] == 0);
   REQUIRE(host[50] == 1);
   REQUIRE(host[52] == 0xDEADu);
-  REQUIRE_THAT(error_of([&] { exec.copy_async(words.get(), a, sizeof a, s); }), Contains("pageable host memory"));
+  // A pageable source is staged before copy_async returns, as CUDA does: a later write to it is not copied.
+  std::uint32_t pageable[2] = {9, 9};
+  exec.copy_async(words.get() + 60, pageable, sizeof pageable, s);
+  pageable[0] = 5;
+  exec.synchronize(s);
+  exec.copy_to_host_now(host.data(), words.get(), 100 * sizeof(std::uint32_t));
+  REQUIRE(host[60] == 9);
+  REQUIRE(host[61] == 9);
   REQUIRE_THAT(error_of([&] { exec.copy_peer_async(words.get(), 1, peer.get(), 1, 8, s); }),
                Contains("the destination is device 0's allocation") && Contains("not memory of device 1"));
   REQUIRE_THAT(error_of([&] { exec.copy_async(words.get() + 1, words.get(), 8, s); }), Contains("overlap"));
@@ -857,7 +864,8 @@ void require_exact_declaration(const Agent& agent, const std::vector<tensor_chun
   touched_bytes touched;
   {
     const towerpipe::detail::scoped_access_recorder on(touched);
-    towerpipe::detail::run_agent_on_host<4>(agent, chunks, 5);
+    for (const tensor_chunk& chunk : chunks)  // 5 threads, each its share of every chunk in groups of 4
+      for (unsigned thread = 0; thread < 5; ++thread) towerpipe::detail::process_chunk<4>(agent, chunk, thread, 5);
   }
   declared_bytes declared{&chunks, {}, {}};
   agent.operands(declared);

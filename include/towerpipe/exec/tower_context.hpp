@@ -42,7 +42,7 @@ namespace detail {
 
 // Told of each gradient_ready mark, and of each tower function that returned without failing (with
 // the tower's marks: what it did not mark counts as marked now), on that tower's thread (the
-// overlapped reduction: reduce/overlapped_reduction.hpp).
+// overlapped reduction: pipeline/step_parts.hpp).
 class tower_ready_listener {
  public:
   virtual void gradient_ready(std::size_t tower, std::size_t variable) = 0;

@@ -1,6 +1,6 @@
 #pragma once
 // One CPU thread that runs posted tasks in order, beside the thread pool: the overlapped reduction
-// (reduce/overlapped_reduction.hpp) reduces buckets on it while the pool's threads run the towers. The
+// (pipeline/step_parts.hpp) reduces buckets on it while the pool's threads run the towers. The
 // thread starts with the first task, not before, so that a pipeline whose towers mark nothing never
 // has it. A task's exception is kept and handed back by drain(), never lost; the tasks after it are
 // dropped until then.

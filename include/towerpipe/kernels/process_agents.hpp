@@ -1,10 +1,10 @@
 #pragma once
 // The per-element programs of reduce::sharded for GPU towers across processes
-// (reduce/sharded/gpu_towers_across_processes.cuh), run as multi-tensor agents (kernels/agents.hpp) over chunk tables:
+// (reduce/sharded/device_towers_across_processes.hpp), run as multi-tensor agents (kernels/agents.hpp) over chunk tables:
 //   contribution_agent  a process's contributions to one owner's slice, from its own towers;
 //   rows_sum_source     an owner's canonical sum over the contributions every process sent it;
 //   rows_apply_agent    that sum and the optimizer, fused.
-// Plain C++ (usable without nvcc): the host tests run them over the same tables.
+// Plain C++ (usable without nvcc): the simulated executor runs them on the host.
 //
 // The global tree (plan/canonical_order.hpp) over N = R * L towers, rank-major: with L a power of two,
 // process r's towers rL ... rL + L - 1 form a subtree, whose value is the process's canonical partial

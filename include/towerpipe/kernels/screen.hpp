@@ -226,6 +226,21 @@ inline double pairwise_lane_sum(double (&sums)[screen_lanes]) {
   return sums[0];
 }
 
+// A tile as a warp of the screen kernel computes it (cuda/screen_kernel.cuh), on the host: the 32 lanes
+// one after another, then the tree the kernel takes with shuffles; the least key. The simulated
+// executor's screen runs it.
+template <class Source, class T>
+screen_lane_result screen_tile_as_a_warp(const Source& source, const pointer_table<T>& averaged, const tensor_chunk& tile) {
+  double sums[screen_lanes];
+  nonfinite_key first = no_nonfinite;
+  for (unsigned lane = 0; lane < screen_lanes; ++lane) {
+    const screen_lane_result r = screen_lane(source, averaged, tile, lane);
+    sums[lane] = r.sum_of_squares;
+    if (r.first_nonfinite < first) first = r.first_nonfinite;
+  }
+  return {pairwise_lane_sum(sums), first};
+}
+
 // What the screen found over every tile: tile_sums in tile order (the tile table of
 // make_chunk_table(variables, screen_tile_elements)) and the smallest key.
 struct screen_partials {

@@ -8,10 +8,18 @@
 //
 // The towers tell it of their marks (it is their ready listener); GPU towers record an event on their
 // stream when a tower completes a bucket (record_bucket_done), which the bucket's pass waits for.
+//
+// What it reports as hidden behind the towers is what was: a bucket counts as reduced during the towers
+// when the worker reduced it and, when it became ready, some tower still had gradients to mark (backward
+// work still to run). The last bucket to become ready overlaps nothing, nor does a model of one bucket,
+// which the log says once (pipeline_options::buckets.cap_bytes cuts more).
 
+#include <atomic>
 #include <cstddef>
 #include <exception>
 #include <vector>
+
+#include "towerpipe/core/log.hpp"
 
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/executor/background_worker.hpp"
@@ -30,10 +38,15 @@ class step_parts final : public tower_ready_listener {
              Reducer& reducer)
       : plan_(make_bucket_plan(variables, buckets, element_bytes)),
         readiness_(plan_, towers.towers()),
+        marks_per_step_(towers.towers() * variables.count()),
         towers_(towers),
         reducer_(reducer) {
     towers_.prepare_bucket_events(plan_.count());
     towers_.set_ready_listener(this);
+    if (plan_.count() == 1 && variables.count() > 1)
+      log_note(make_message("one gradient bucket: the cap of ", buckets.cap_bytes, " bytes holds all ", variables.total_size() * element_bytes,
+                            " bytes of gradients, so marking them ready overlaps nothing with the towers; pipeline_options::buckets.cap_bytes ",
+                            "below that cuts more buckets (or buckets.groups names them)"));
   }
   ~step_parts() { towers_.set_ready_listener(nullptr); }
   step_parts(const step_parts&) = delete;
@@ -46,19 +59,21 @@ class step_parts final : public tower_ready_listener {
   void begin(const Work& work) {
     readiness_.reset();
     reduced_.assign(plan_.count(), 0);
+    marks_left_.store(marks_per_step_);
     during_towers_ = work.parts_during_towers;
     seconds_during_towers_ = 0;
     reducer_.begin_step(towers_, work);
   }
 
   void gradient_ready(std::size_t tower, std::size_t variable) override {
+    const bool marks_to_come = marks_left_.fetch_sub(1) > 1;
     const std::size_t bucket = readiness_.mark_for_tower(tower, variable);
     if (bucket == no_bucket) return;
     if (during_towers_) towers_.record_bucket_done(tower, bucket);
     if (!readiness_.tower_completed(bucket) || !during_towers_) return;
-    worker_.post([this, bucket] {
+    worker_.post([this, bucket, marks_to_come] {
       reducer_.reduce_part(towers_, step_part{plan_.buckets[bucket], bucket});
-      reduced_[bucket] = 1;
+      reduced_[bucket] = marks_to_come ? hidden : reduced;
     });
   }
   // What the tower left unmarked counts as marked. A bucket whose last tower completes it here waits for
@@ -67,6 +82,7 @@ class step_parts final : public tower_ready_listener {
   void tower_returned(std::size_t tower, const std::vector<char>& ready) override {
     for (std::size_t v = 0; v < ready.size(); ++v) {
       if (ready[v]) continue;
+      marks_left_.fetch_sub(1);
       const std::size_t bucket = readiness_.mark_for_tower(tower, v);
       if (bucket == no_bucket) continue;
       if (during_towers_) towers_.record_bucket_done(tower, bucket);
@@ -88,7 +104,7 @@ class step_parts final : public tower_ready_listener {
     }
     rest_.clear();
     for (std::size_t b = 0; b < plan_.count(); ++b) {
-      if (!reduced_[b]) rest_.insert(rest_.end(), plan_.buckets[b].begin(), plan_.buckets[b].end());
+      if (reduced_[b] == 0) rest_.insert(rest_.end(), plan_.buckets[b].begin(), plan_.buckets[b].end());
     }
     try {
       reducer_.reduce_part(towers_, step_part{rest_, no_bucket});  // even empty: the reducer finishes the parts there
@@ -98,10 +114,10 @@ class step_parts final : public tower_ready_listener {
     if (failure) std::rethrow_exception(failure);
   }
 
-  // What the step hid behind the towers.
+  // The buckets reduced while some tower still had gradients to mark (see the top).
   std::size_t buckets_during_towers() const {
     std::size_t count = 0;
-    for (char done : reduced_) count += done != 0;
+    for (char done : reduced_) count += done == hidden;
     return count;
   }
   double seconds_during_towers() const { return seconds_during_towers_; }
@@ -117,18 +133,23 @@ class step_parts final : public tower_ready_listener {
     } catch (...) {
     }
     reducer_.abandon(towers_);
-    return buckets_during_towers();
+    std::size_t count = 0;
+    for (char done : reduced_) count += done != 0;
+    return count;
   }
 
  private:
   bucket_plan plan_;
   bucket_readiness readiness_;  // refers to plan_
+  std::size_t marks_per_step_;  // towers x variables
   Towers& towers_;
   Reducer& reducer_;
   bool during_towers_ = false;
   double seconds_during_towers_ = 0;  // the worker's, this step
   step_clock::time_point towers_ended_;
-  std::vector<char> reduced_;        // [bucket]: reduced by the worker this step (written there, read after a drain)
+  static constexpr char reduced = 1, hidden = 2;  // reduced_: by the worker; and while marks were to come
+  std::vector<char> reduced_;        // [bucket]: reduced, hidden or 0 this step (written by the worker, read after a drain)
+  std::atomic<std::size_t> marks_left_{0};  // this step's marks still to come, over every tower
   std::vector<std::size_t> rest_;    // the variables after_towers reduces
   background_worker worker_;         // last: joined before the rest goes
 };

@@ -4,7 +4,8 @@
 //
 // The plan. By default the variables are taken in reverse declaration order — the order a backward pass
 // finishes them — and cut greedily into buckets of at most cap_bytes of gradient (a variable larger than
-// that is a bucket of its own), as PyTorch DDP's bucket_cap_mb does. Explicit groups (by variable name)
+// that is a bucket of its own), the first at most first_cap_bytes, as PyTorch DDP's bucket_cap_mb and
+// its 1 MiB first bucket do: the reduction starts early, and a small model is more than one bucket. Explicit groups (by variable name)
 // replace that: each variable in exactly one group, reduced in the groups' order.
 //
 // Why buckets change no bit: the canonical order (plan/canonical_order.hpp) is per element, and every
@@ -18,6 +19,7 @@
 // each bucket over.
 // Plain C++.
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <memory>
@@ -31,7 +33,8 @@ namespace towerpipe {
 
 // pipeline_options::buckets.
 struct gradient_buckets {
-  std::size_t cap_bytes = std::size_t(25) << 20;  // 25 MiB, DDP's default
+  std::size_t cap_bytes = std::size_t(25) << 20;       // 25 MiB, DDP's default
+  std::size_t first_cap_bytes = std::size_t(1) << 20;  // the first bucket's (the last variables'): 1 MiB, as DDP
   // Explicit buckets, by variable name, in the order they are reduced; empty: the default plan above.
   std::vector<std::vector<std::string>> groups;
 };
@@ -40,7 +43,7 @@ namespace detail {
 
 constexpr std::size_t no_bucket = ~std::size_t(0);
 
-// A part of a step over some variables (reduce/overlapped_reduction.hpp): a gradient bucket, reduced
+// A part of a step over some variables (pipeline/step_parts.hpp): a gradient bucket, reduced
 // while the towers run, or what they left (bucket no_bucket, perhaps no variable at all), after them.
 struct step_part {
   const std::vector<std::size_t>& variables;
@@ -65,7 +68,8 @@ struct bucket_plan {
 // The options as one line, for the processes' configuration check (step/processes.hpp): processes whose
 // buckets differ would exchange different pieces.
 inline std::string describe(const gradient_buckets& options) {
-  if (options.groups.empty()) return make_message("at most ", options.cap_bytes, " bytes each");
+  if (options.groups.empty())
+    return make_message("at most ", options.cap_bytes, " bytes each, the first ", std::min(options.first_cap_bytes, options.cap_bytes));
   std::string text = "groups";
   for (const std::vector<std::string>& group : options.groups) {
     text += " [";
@@ -80,11 +84,13 @@ inline bucket_plan make_bucket_plan(const variable_set& variables, const gradien
   bucket_plan plan;
   plan.bucket_of.assign(variables.count(), no_bucket);
   if (options.groups.empty()) {
-    if (options.cap_bytes == 0) fail("pipeline_options::buckets.cap_bytes must be positive (a bucket of one variable: 1)");
+    if (options.cap_bytes == 0 || options.first_cap_bytes == 0)
+      fail("pipeline_options::buckets.cap_bytes and first_cap_bytes must be positive (a bucket of one variable: 1)");
     std::size_t bytes = 0;
     for (std::size_t v = variables.count(); v-- > 0;) {
       const std::size_t size = variables[v].size * element_bytes;
-      if (plan.buckets.empty() || bytes + size > options.cap_bytes) {
+      const std::size_t cap = plan.buckets.size() == 1 ? std::min(options.first_cap_bytes, options.cap_bytes) : options.cap_bytes;
+      if (plan.buckets.empty() || bytes + size > cap) {
         plan.buckets.emplace_back();
         bytes = 0;
       }

@@ -1,8 +1,8 @@
 #pragma once
 // The copies a device reducer runs where a kernel cannot use a buffer in place (wiring/copy_wiring.hpp
 // and wiring/owner_wiring.hpp decide which): listed once, in plain C++, as (target, source, elements)
-// between devices. The reducers run a list with cudaMemcpyPeerAsync on one stream (cuda/peer_copies.cuh),
-// the host tests with std::copy_n (programs/host_dispatch.hpp): both run the same copies.
+// between devices. The device reducers run a list as peer copies on one stream (reduce/common/device_state.hpp
+// run_copies_async), whatever the executor: cudaMemcpyPeerAsync on CUDA, checked copies on simulated devices.
 
 #include <cstddef>
 #include <type_traits>

@@ -1,11 +1,10 @@
 #pragma once
 // Where reduce::sharded's contributions travel between processes, with host towers
-// (reduce/sharded/host_towers.hpp) and with GPU towers (reduce/sharded/gpu_towers_across_processes.cuh):
+// (reduce/sharded/host_towers.hpp) and with GPU towers (reduce/sharded/device_towers_across_processes.hpp):
 // the chunk table cut into one slice per process (plan/owner_slices.hpp: whole chunks, so whole screen
 // tiles), and the buffers of the exchange, in elements, as every process computes them alike. Every row
 // is a slice's compact storage (slice.stored_elements long, each range on a multiple of stored_alignment
-// elements), so every block starts aligned for vector I/O. Plain C++: the host tests emulate the
-// exchange with it.
+// elements), so every block starts aligned for vector I/O. Plain C++.
 //
 //   send buffer     owner-major: owner r's block at contributions * first(r), its contributions (rows)
 //                   one after another: one block per owner, whatever the rows, so that the all-to-all

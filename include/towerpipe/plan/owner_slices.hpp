@@ -3,7 +3,7 @@
 // elements, and the pointer tables of an owner's compact storage of its slice (its part of the
 // optimizer state, of a checked step's average): reduce::sharded for GPU towers gives tower t's device
 // slice t, and across processes (plan/exchange_plan.hpp, host or GPU towers) process r slice r.
-// Plain C++: the host tests run the owners' agents over these tables.
+// Plain C++.
 //
 // A slice is whole chunks, so it starts where a chunk starts: on a multiple of chunk_elements inside a
 // variable, hence of the screen's tile (kernels/screen.hpp) when chunk_elements is a multiple of it, and

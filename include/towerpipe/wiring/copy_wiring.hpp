@@ -3,9 +3,8 @@
 // copying paths (no peer access between two devices, or pipeline_options::direct_device_access off, as
 // the GPU tests use to run these paths on one device). Decided here, in plain C++, from the towers'
 // devices and peer-access pairs, with the pointer tables and copy lists (plan/copy_list.hpp) that
-// follow, so that the host tests run the very wiring the GPU reducers are built from against the
-// canonical sums (tests/host/test_device_backends_emulated.cpp). `Towers` is exec::cuda's towers or
-// the tests' host stand-in: towers(), device(t), gradients(t), replica(t), access().
+// follow. `Towers` is a device execution space's towers (exec/device_towers.hpp): towers(), device(t),
+// gradients(t), replica(t), access().
 //
 // A tower's own buffers are always direct for work on its own stream: tower t's kernels run on t's
 // device. The switch only decides whether a kernel on one tower's stream may use another tower's
@@ -108,7 +107,7 @@ class tower_copies {
   copy_list<value_type> gradients_in_, replicas_out_;
 };
 
-// reduce::p2p_tree (reduce/p2p_tree.cuh) over the canonical tree's rounds. A tower with children (the
+// reduce::p2p_tree (reduce/p2p_tree/reducer.hpp) over the canonical tree's rounds. A tower with children (the
 // left side of some edge) keeps its partial sum (agents.hpp tree_operands: in its own gradient buffer in
 // full precision, in a buffer of the master type beside its 16-bit gradients otherwise); an edge (left,
 // right) runs on left's stream and adds right's operand — its raw gradient if it has no children, else

@@ -1,5 +1,5 @@
 #pragma once
-// The buffers of reduce::sharded across processes with GPU towers (reduce/sharded/gpu_towers_across_processes.cuh),
+// The buffers of reduce::sharded across processes with GPU towers (reduce/sharded/device_towers_across_processes.hpp),
 // laid out by exchange_plan (plan/exchange_plan.hpp), allocated from `Memory` (cuda_device_memory on
 // tower 0's device, host memory in the tests), with the pointer tables over them: the rows this process
 // sends each owner, the rows it receives as an owner, the gathered parameters — all in the master type

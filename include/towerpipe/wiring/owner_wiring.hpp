@@ -1,13 +1,12 @@
 #pragma once
-// An owner of reduce::sharded with GPU towers, in plain C++: a tower's device in one process
-// (reduce/sharded/gpu_towers.cuh) or a process (reduce/sharded/gpu_towers_across_processes.cuh). It
+// An owner of reduce::sharded with device towers, in plain C++: a tower's device in one process
+// (reduce/sharded/device_towers.hpp) or a process (reduce/sharded/device_towers_across_processes.hpp). It
 // holds its slice of the chunk table (plan/owner_slices.hpp) and, in compact storage allocated
-// from `Memory` (cuda_device_memory on its device, host memory in the tests), its slice of the
+// from `Memory` (the executor's device memory on its device), its slice of the
 // optimizer state (slot after slot), for checked steps its slice of the average, and, across
 // processes or with mixed precision (16-bit towers), its own master copy of its slice of the parameters
 // (in one process without mixed precision the master is tower 0's replica). T is the master type; the
-// towers' buffers (slice_copies) hold the stored type. The device reducers upload these pointer tables; the host tests run the agents over
-// them (programs/host_dispatch.hpp).
+// towers' buffers (slice_copies) hold the stored type. The device reducers upload these pointer tables.
 //
 // slice_copies: where an owner's device cannot address a tower's (wiring/copy_wiring.hpp), its
 // compact copies of that tower's slice of the gradients and of the replica, and the copies in and out.

@@ -38,9 +38,9 @@
 #include "towerpipe/executor/simulated/op_queue.hpp"
 #include "towerpipe/executor/simulated/operand_ranges.hpp"
 #include "towerpipe/executor/simulated/vector_clock.hpp"
+#include "towerpipe/kernels/agents.hpp"
 #include "towerpipe/kernels/access_hook.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
-#include "towerpipe/programs/host_dispatch.hpp"
 #include "towerpipe/kernels/operands.hpp"
 #include "towerpipe/kernels/screen.hpp"
 

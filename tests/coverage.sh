@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Line coverage of the library on the host: the sanitize workflow (CMakePresets.json: host tests, the
+# simulated-device tests and the MPI tests under AddressSanitizer + UndefinedBehaviorSanitizer, built with
+# --coverage) runs, then gcovr reads its counts and tests/coverage_report.py prints every library header's
+# executed lines and the library lines never executed on the host (the unexecuted lines of the headers a
+# host build compiles, plus the code lines of those no host build compiles: the CUDA-only shells).
+# LIMIT (default 1000): the most such lines allowed; above it the script fails.
+# Installs gcovr from PyPI where it is missing. Writes build/sanitize/coverage.json and coverage.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v gcovr >/dev/null; then
+  echo "towerpipe: installing gcovr from PyPI for $(command -v python3)"
+  python3 -m pip install --quiet gcovr
+fi
+[ "${SKIP_BUILD:-0}" = 1 ] || cmake --workflow --preset sanitize
+build=build/sanitize
+# Every template instantiation's counts of a line merged; exceptional branches are not lines.
+gcovr --root "$PWD" --filter "$PWD/include/" --object-directory "$build" --json "$build/coverage.json" \
+  --merge-mode-functions=separate --gcov-ignore-parse-errors=negative_hits.warn_once_per_file "$build" >/dev/null
+python3 tests/coverage_report.py "$build/coverage.json" --include include --limit "${LIMIT:-1000}" | tee "$build/coverage.txt"
