@@ -171,6 +171,7 @@ void measure(const std::string& model, const variable_set& variables, std::size_
   options.on_nonfinite = nonfinite_policy::unchecked;
   options.host_threads = threads_per_process();
   options.processes = group;
+  options.identical_process_parts = true;  // every process stages the same synthetic batch; the gradients differ
 
   std::vector<double> sharded_seconds;
   std::uint64_t sharded_checksum = 0;

@@ -107,11 +107,7 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
       if (!this->across_processes()) throw;
       refuse_on_every_process(detail::current_exception_text());
     }
-    const double staging = detail::seconds_since(start);
-    step_stats stats = step_held(fn);
-    stats.seconds += staging;
-    stats.examples_per_second = static_cast<double>(stats.examples) / stats.seconds;
-    return stats;
+    return step_held(fn, detail::seconds_since(start));
   }
 
   // One training step on the oldest staged batch. fn(tower_context&) runs once per tower, writes the
@@ -146,14 +142,14 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
     const std::int64_t consuming_step = this->steps_done_ + static_cast<std::int64_t>(this->towers_->staged()) + 1;
     if (consuming_step > state::max_steps) detail::fail(past_max_steps);
     this->towers_->stage(examples, plan_split(examples.examples(), this->towers(), this->options_.split));
-    staging_seconds_.push_back(detail::seconds_since(start));
+    staged_.push_back({detail::seconds_since(start), this->across_processes() ? examples.sampled_digest() : 0});
     tracer_.span("check + split + stage", start, clock::now(), consuming_step, "split");
   }
 
   // begin (the reducer's step work) -> the towers, their buckets during them, the rest after them ->
   // the processes agree -> finish -> a checked step's verdict and apply. A failure anywhere abandons.
   template <class TowerFn>
-  step_stats step_held(TowerFn& fn) {
+  step_stats step_held(TowerFn& fn, double staging_now = 0) {
     const std::optional<std::string> cannot = stage_refused_                       ? stage_refused_
                                               : this->towers_->staged() == 0        ? std::optional<std::string>(no_staged_batch)
                                               : this->steps_done_ == state::max_steps ? std::optional<std::string>(past_max_steps)
@@ -165,11 +161,12 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
     step_stats stats;
     const auto start = clock::now();
     const std::vector<shard> shards = this->towers_->next_shards();  // a copy: run() consumes the staged batch
-    stats.stages.split = staging_seconds_.front();  // when the batch was staged, maybe during the last step
-    staging_seconds_.pop_front();
+    const auto [staging_seconds, part_digest] = staged_.front();
+    stats.stages.split = staging_seconds;  // when the batch was staged, maybe during the last step
+    staged_.pop_front();
     std::vector<double> exact_weights;
     try {
-      exact_weights = tower_weights(shards, stats);
+      exact_weights = tower_weights(shards, part_digest, stats);
     } catch (...) {
       // Refused before the towers ran: the batch goes, as after a failed step; across processes every
       // staged batch goes, as on the process that refused (refuse_on_every_process).
@@ -197,8 +194,11 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
     }
     this->towers_->finish_step(stats.step);
     if (!stats.skipped && !stats.accumulating) ++this->steps_done_;
-    stats.seconds = detail::seconds_since(start);
-    stats.examples_per_second = static_cast<double>(stats.examples) / stats.seconds;
+    stats.seconds = detail::seconds_since(start) + staging_now;  // step(batch, fn) staged it in this call
+    if (stats.micro_batch == 1) window_throughput_ = {0, 0};  // an optimizer step's first micro-batch
+    window_throughput_.first += static_cast<double>(stats.examples);
+    window_throughput_.second += stats.seconds;
+    stats.examples_per_second = window_throughput_.first / window_throughput_.second;
     return stats;
   }
 
@@ -225,18 +225,19 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
   // The towers' weights w_i = examples_i / all examples; with several processes (reduce::sharded) every
   // process's shards count, stats.examples becomes their total, and the processes first agree on this
   // step's settings (step/processes.hpp).
-  std::vector<double> tower_weights(const std::vector<shard>& shards, step_stats& stats) {
+  std::vector<double> tower_weights(const std::vector<shard>& shards, std::uint64_t part_digest, step_stats& stats) {
     const std::vector<double> weights = this->processes_->agree_before_towers(
-        this->steps_done_ + 1, [&] { return this->step_settings(); }, shards, this->options_.split, stats.examples);
+        this->steps_done_ + 1, [&] { return this->step_settings_now(); }, shards, part_digest, this->options_.split, stats.examples);
     this->changes_.clear();
     return weights;
   }
 
   // The towers on this step's batch, their losses, the loss weighted by `weights`, and the parts they
   // left; across processes agreed by every process before anything is updated (step/processes.hpp).
+  // The towers return their loss times the loss scale; the stats report it unscaled too.
   template <class TowerFn>
   void run_towers(TowerFn& fn, const std::vector<double>& weights, step_stats& stats) {
-    stats.loss = this->processes_->agree_on_towers(
+    stats.scaled_loss = this->processes_->agree_on_towers(
         this->steps_done_ + 1,
         [&] {
           stats.tower_loss = this->towers_->run(fn, this->steps_done_ + 1);
@@ -245,6 +246,8 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
           return loss;
         },
         [&] { parts_->after_towers(this->across_processes()); });
+    stats.loss = stats.scaled_loss / stats.loss_scale;
+    for (double& loss : stats.tower_loss) loss /= stats.loss_scale;
   }
 
   // A failure anywhere in the step (its exception is being handled): what is in flight is waited for
@@ -284,7 +287,7 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
   // the step alike and drops every staged batch (step_held), so that the next batches line up again.
   [[noreturn]] void refuse_on_every_process(const std::string& refusal) {
     try {
-      this->processes_->refuse_step(this->steps_done_ + 1, refusal, [&] { return this->step_settings(); }, this->options_.split);
+      this->processes_->refuse_step(this->steps_done_ + 1, refusal, [&] { return this->step_settings_now(); }, this->options_.split);
     } catch (...) {
       drop_staged();
       throw;
@@ -292,7 +295,7 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
   }
   void drop_staged() {
     while (this->towers_->staged() > 0) this->towers_->discard_next();
-    staging_seconds_.clear();
+    staged_.clear();
     stage_refused_.reset();
   }
 
@@ -303,7 +306,9 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
   std::vector<input_spec> inputs_;
   detail::tracer tracer_;
   std::unique_ptr<parts_type> parts_;
-  std::deque<double> staging_seconds_;  // stage()'s time for each batch still staged, oldest first
+  // Each batch still staged, oldest first: stage()'s seconds, and across processes its sampled digest.
+  std::deque<std::pair<double, std::uint64_t>> staged_;
+  std::pair<double, double> window_throughput_{0, 0};  // this optimizer step's micro-batches so far: examples, seconds
   std::optional<std::string> stage_refused_;  // across processes: what stage() refused since the last step
 };
 

@@ -275,6 +275,23 @@ TEST_CASE("loss scaling with a power-of-two scale equals the unscaled run bitwis
   require_same(state_of(plain), state_of(scaled_run));
 }
 
+TEST_CASE("a step reports the loss unscaled, and the scaled loss the towers returned by name", "[checked][loss_scale]") {
+  trainer<layout::flat<float>> p(variables, inputs, 2, {}, scaled(loss_scale_mode::dynamic, 65536.0));
+  const gradients g(2, 7);
+  const std::vector<float> x(3, 1.0f);  // tower 0 takes 2 examples, tower 1 one: weights 2/3, 1/3
+  batch b;
+  b.add("x", x, {1});
+  const step_stats stats = p.step(b, [&](trainer<layout::flat<float>>::tower_context& tower) {
+    for (std::size_t v = 0; v < variables.count(); ++v)
+      tower.write_gradient(v, g.values[tower.tower()][v].data(), g.values[tower.tower()][v].size());
+    return (tower.tower() == 0 ? 0.75 : 1.5) * p.loss_scale();  // a tower returns its loss times the scale
+  });
+  REQUIRE(stats.loss_scale == 65536.0);
+  CHECK(stats.tower_loss == std::vector<double>{0.75, 1.5});
+  CHECK(stats.loss == Approx(2.0 / 3 * 0.75 + 1.0 / 3 * 1.5).epsilon(1e-15));
+  CHECK(stats.scaled_loss == Approx(65536.0 * (2.0 / 3 * 0.75 + 1.0 / 3 * 1.5)).epsilon(1e-15));
+}
+
 TEST_CASE("dynamic loss scaling follows GradScaler's rules step by step", "[checked][loss_scale]") {
   // A scale that overflows float grads: steps marked bad carry an infinity from the tower.
   const bool bad[] = {false, false, true, false, false, false, false, true, true, false, false, false};
@@ -393,12 +410,17 @@ TEST_CASE("k accumulated micro-batches equal one step on the concatenated batch,
     options.accumulation_steps = 3;
     trainer<layout::per_variable<float>, optim::sgd> accumulated(variables, inputs, towers, h, options);
     model.step(one_step, whole);
+    double examples = 0, seconds = 0;  // the optimizer step's so far: its throughput is theirs
     for (std::size_t m = 0; m < 3; ++m) {
       const step_stats stats = model.step(accumulated, micro[m]);
       CHECK(stats.micro_batch == m + 1);
       CHECK(stats.accumulating == (m < 2));
       CHECK(stats.step == 1);
       CHECK(accumulated.steps_done() == (m < 2 ? 0 : 1));
+      CHECK(stats.examples == micro[m].size());
+      examples += static_cast<double>(micro[m].size());
+      seconds += stats.seconds;
+      CHECK(stats.examples_per_second == Approx(examples / seconds).epsilon(1e-12));
     }
     // The float64 reference: -mean(x) * c; tower means may cancel, so the tolerance scales with max |x|.
     double mean = 0, largest = 0;

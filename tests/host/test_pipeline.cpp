@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #include "test_support.hpp"
 
@@ -103,6 +106,17 @@ TEST_CASE("a step reports losses, examples and its stages", "[pipeline]") {
   CHECK(stats.stages.reduce >= 0);
   CHECK(stats.stages.split + stats.stages.towers + stats.stages.reduce <= stats.seconds);
   CHECK(p.steps_done() == 1);
+  CHECK(stats.scaled_loss == stats.loss);      // no loss scaling: the scale is 1
+  CHECK(stats.gradient_norm.has_value());        // a checked step (on_nonfinite = skip by default)
+}
+
+TEST_CASE("sibling accessors and fields have one type", "[pipeline]") {
+  using names = std::pair<decltype(std::declval<const trainer&>().backend_name()), decltype(std::declval<const trainer&>().backend_reason())>;
+  STATIC_REQUIRE(std::is_same<names::first_type, std::string>::value);
+  STATIC_REQUIRE(std::is_same<names::second_type, std::string>::value);
+  STATIC_REQUIRE(std::is_same<decltype(step_stats::step), decltype(std::declval<const trainer&>().steps_done())>::value);
+  STATIC_REQUIRE(std::is_same<decltype(step_stats::examples), std::size_t>::value);
+  STATIC_REQUIRE(std::is_same<decltype(step_stats::micro_batch), decltype(std::declval<const trainer&>().micro_batches_pending())>::value);
 }
 
 TEST_CASE("towers see their shard, weight and the shared parameters", "[pipeline]") {

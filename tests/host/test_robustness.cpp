@@ -474,6 +474,66 @@ TEST_CASE("over thread ranks, optimizer state set on one rank only stops every r
   }
 }
 
+TEST_CASE("over thread ranks, parameters set on one rank agree when every rank holds them, and else say how to recover",
+          "[robustness][sharded][ranks]") {
+  const std::size_t ranks = 2;
+  std::vector<std::string> same(ranks), differing(ranks), retried(ranks), recovered(ranks);
+  std::vector<std::vector<float>> end(ranks);
+  const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 1, [&](std::size_t r, sharded_trainer& p) {
+    const std::vector<float> x = step_inputs(1, 8);
+    p.step(rank_part(p, x), rank_tower);
+    std::vector<float> w(p.parameter(0).begin(), p.parameter(0).end());
+    if (r == 1) p.set_parameter(0, w.data(), w.size());  // the values every rank holds: nothing differs
+    same[r] = error_of([&] { p.step(rank_part(p, x), rank_tower); });
+    w.assign(p.parameter(0).begin(), p.parameter(0).end());
+    w[2] += 1.0f;
+    if (r == 1) p.set_parameter(0, w.data(), w.size());  // one rank alone: refused, every later step too
+    differing[r] = error_of([&] { p.step(rank_part(p, x), rank_tower); });
+    retried[r] = error_of([&] { p.step(rank_part(p, x), rank_tower); });
+    p.set_parameter(0, w.data(), w.size());  // the way out the message names: the same values on every rank
+    recovered[r] = error_of([&] { p.step(rank_part(p, x), rank_tower); });
+    end[r].assign(p.parameter(0).begin(), p.parameter(0).end());
+  });
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK(same[r].empty());
+    for (const std::string& refused : {differing[r], retried[r]})
+      CHECK_THAT(refused, Catch::Contains("the processes differ at this step, which therefore runs on none: parameters were set "
+                                          "since the last step on rank(s) 1 and now differ: rank 1 has 'parameters: digest ") &&
+                              Catch::Contains("set the same values on every process"));
+    CHECK(recovered[r].empty());
+  }
+  CHECK(end[0] == end[1]);
+}
+
+TEST_CASE("over thread ranks, every rank staging the whole batch is refused naming the ranks, unless allowed",
+          "[robustness][sharded][ranks]") {
+  const std::size_t ranks = 3;
+  for (const bool allowed : {false, true}) {
+    INFO("identical_process_parts " << allowed);
+    pipeline_options options;
+    options.identical_process_parts = allowed;
+    std::vector<std::string> whole(ranks), own(ranks);
+    const std::vector<std::string> errors = on_every_rank_pipeline(ranks, 1, [&](std::size_t r, sharded_trainer& p) {
+      const std::vector<float> x = step_inputs(1, 4);
+      whole[r] = error_of([&] { p.step(ones(x), rank_tower); });  // 4 examples each: a cut of 12 that passes the sizes
+      own[r] = error_of([&] { p.step(rank_part(p, step_inputs(2, 12)), rank_tower); });
+    }, options);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      INFO("rank " << r);
+      CHECK(errors[r].empty());
+      if (allowed) {
+        CHECK(whole[r].empty());
+      } else {
+        CHECK_THAT(whole[r], Catch::Contains("step 1: ranks 0 and 1 staged byte-identical parts of the batch") &&
+                                 Catch::Contains("pipeline::process_part(12)") && Catch::Contains("identical_process_parts"));
+      }
+      CHECK(own[r].empty());
+    }
+  }
+}
+
 TEST_CASE("over thread ranks with drop_remainder, a process's batch that leaves examples out of its towers is refused",
           "[robustness][sharded][ranks]") {
   const std::size_t ranks = 2;

@@ -135,9 +135,9 @@ TEST_CASE("across processes each rank's timeline numbers towers globally and wri
         options.trace = &traces[r];
         options.processes = group[r];
         sharded_trainer p(variable_set{{"w", {10}}}, {{"x", dtype::float32, {1}}}, 2, optim::sgd::hyper_parameters{}, options);
-        const std::vector<float> x(4, 1.0f);
+        const std::vector<float> x{1.0f, 2.0f, 3.0f, 4.0f};
         batch b;
-        b.add("x", x.data(), 2, {1});
+        b.add("x", x.data() + 2 * r, 2, {1});  // this rank's part of the global batch
         p.step(b, [](sharded_trainer::tower_context& tower) {
           for (float& g : tower.gradient(0)) g = 1.0f;
           return 0.0;

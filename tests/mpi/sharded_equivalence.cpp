@@ -21,7 +21,7 @@
 //                process has reported and aborted; that would make the test flaky, not the library.)
 //
 // The GPU build (sharded_equivalence_gpu.cu, TOWERPIPE_TEST_GPU_TOWERS) runs the sharded pipeline's towers
-// on GPUs (reduce/sharded/gpu_towers_across_processes.cuh) against the same host reference: mode "equal" exchanges
+// on GPUs (reduce/sharded/device_towers_across_processes.hpp) against the same host reference: mode "equal" exchanges
 // through pinned host memory over MPI (several processes may share a GPU), mode "nccl L" through NCCL
 // (one GPU per process), mode "copied L" as "equal" with pipeline_options::direct_device_access off
 // (the towers' buffers copied, as between devices without peer access). Without a CUDA device it exits
@@ -430,7 +430,7 @@ void disagree(const std::shared_ptr<process_group>& group) {
     load_checkpoint(fresh, newer);
   }
   expect_error([&] { fresh.step(global_batch(5, examples).slice(4 * static_cast<std::size_t>(rank), 4), [](auto& tower) { return linear_tower(tower); }); },
-               {"the processes differ at this step", "parameters: set since the last step, digest"},
+               {"the processes differ at this step", "parameters were set since the last step on rank(s) ", "set the same values on every process"},
                "a process that started afresh");
   std::remove(older.c_str());
   std::remove(newer.c_str());

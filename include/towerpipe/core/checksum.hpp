@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 namespace towerpipe {
 
@@ -17,6 +19,13 @@ inline std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t ha
     hash *= 1099511628211ULL;
   }
   return hash;
+}
+
+// A digest as 16 hexadecimal digits, for messages.
+inline std::string hex_digest(std::uint64_t digest) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
+  return text;
 }
 
 }  // namespace towerpipe

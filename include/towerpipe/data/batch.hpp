@@ -6,6 +6,7 @@
 // cuBLAS likes) inputs keep each feature contiguous, so a tower's shard of them is strided. A shard is a
 // view of the caller's memory: host towers read it in place, nothing is copied.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "towerpipe/core/checksum.hpp"
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/shape.hpp"
@@ -126,6 +128,9 @@ class batch_input {
 
   std::size_t element_size() const { return element_size_; }
   const void* data() const { return data_; }
+  const void* element(std::size_t example, std::size_t feature) const {
+    return static_cast<const char*>(data_) + (example * example_stride_ + feature * feature_stride_) * element_size_;
+  }
   // Bytes of this input's elements, packed without gaps.
   std::size_t bytes() const { return examples_ * element_count(example_shape_) * element_size_; }
 
@@ -231,6 +236,22 @@ class batch {
     batch part;
     for (const batch_input& input : inputs_) part.inputs_.push_back(input.slice(first, count));
     return part;
+  }
+
+  // A cheap digest of the values: up to 1,024 elements of each input, evenly spaced over its examples
+  // and features, and the example count. Equal batches give equal digests, unequal ones almost always
+  // differ (the processes' check that each stages a part of its own, step/processes.hpp).
+  std::uint64_t sampled_digest() const {
+    std::uint64_t digest = fnv1a_basis;
+    for (const batch_input& input : inputs_) {
+      const std::size_t examples = input.examples(), features = element_count(input.example_shape()), count = examples * features;
+      digest = fnv1a(&examples, sizeof examples, digest);
+      for (std::size_t k = 0, samples = std::min<std::size_t>(count, 1024); k < samples; ++k) {
+        const std::size_t i = k * count / samples;  // evenly spaced over the flat (example, feature) order
+        digest = fnv1a(input.element(i / features, i % features), input.element_size(), digest);
+      }
+    }
+    return digest;
   }
 
   // Throws unless the inputs are exactly `specs` (names, types, example shapes) with one example count.

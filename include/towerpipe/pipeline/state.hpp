@@ -201,21 +201,20 @@ class pipeline_state {
   bool across_processes() const { return processes_->size() > 1; }
 
   // What every process must agree on before a step's towers run, beyond what it compared at
-  // construction: what set_hyper, set_loss_scale, restore_steps_done and the parameters changed since.
-  // Parameters that were set since the last step (initialisation, a checkpoint) go in as a digest, so
-  // that a process that resumed other state, or none, stops every process.
-  std::string step_settings() const {
-    const std::string text = make_message("step: ", steps_done_ + 1, "\noptimizer: ", Optim::describe(hyper_parameters_),
-                                          "\nloss scale: ", exact(loss_scaler_.scale()), ", good steps ", loss_scaler_.good_steps(),
-                                          "\nmicro-batch: ", window_.micro_batch(), "\n");
-    return text + changes_.describe([&] {
-      std::uint64_t digest = fnv1a_basis;
-      for (std::size_t v = 0; v < variables_->count(); ++v) {
-        const tensor_view<const master_type> values = parameter(v);
-        digest = fnv1a(values.data(), values.size() * sizeof(master_type), digest);
-      }
-      return digest;
-    });
+  // construction: what set_hyper, set_loss_scale, restore_steps_done and set_optimizer_state changed,
+  // and whether the parameters were set since the last step (the processes then compare them).
+  step_settings step_settings_now() const {
+    return {make_message("step: ", steps_done_ + 1, "\noptimizer: ", Optim::describe(hyper_parameters_), "\nloss scale: ",
+                         exact(loss_scaler_.scale()), ", good steps ", loss_scaler_.good_steps(), "\nmicro-batch: ",
+                         window_.micro_batch(), "\n", changes_.describe_state()),
+            changes_.parameters_were_set(), [this] {
+              std::uint64_t digest = fnv1a_basis;
+              for (std::size_t v = 0; v < variables_->count(); ++v) {
+                const tensor_view<const master_type> values = parameter(v);
+                digest = fnv1a(values.data(), values.size() * sizeof(master_type), digest);
+              }
+              return digest;
+            }};
   }
 
   // Declared first: what the rest refers to is destroyed last (the reducer before the towers).

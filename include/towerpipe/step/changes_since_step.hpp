@@ -1,12 +1,12 @@
 #pragma once
 // What was set on a pipeline between two steps, for the processes' agreement at the next one
-// (step/processes.hpp): whether the parameters were set (initialisation, a checkpoint), and
-// the optimizer state set, per slot and variable, the last values set winning. A process that resumed
-// other state than the others, or none, then differs in a digest.
+// (step/processes.hpp): whether the parameters were set (initialisation, a checkpoint; the processes
+// then compare the parameters they hold), and the optimizer state set, per slot and variable, the last
+// values set winning. A process that resumed other state than the others, or none, then differs in a
+// digest.
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
@@ -15,12 +15,6 @@
 
 namespace towerpipe {
 namespace detail {
-
-inline std::string hex_digest(std::uint64_t digest) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
-  return text;
-}
 
 class changes_since_step {
  public:
@@ -33,20 +27,16 @@ class changes_since_step {
     state_set_.clear();
   }
 
-  // Two lines, "parameters: ..." and "optimizer state: ..."; parameter_digest() is called only when the
-  // parameters were set (it reads them all).
-  template <class ParameterDigest>
-  std::string describe(ParameterDigest&& parameter_digest) const {
-    std::string text = "parameters: ";
-    text += parameters_set_ ? "set since the last step, digest " + hex_digest(parameter_digest()) : "unchanged";
-    text += "\noptimizer state: ";
-    if (state_set_.empty()) return text + "unchanged";
+  bool parameters_were_set() const { return parameters_set_; }
+  // One line, "optimizer state: ...".
+  std::string describe_state() const {
+    if (state_set_.empty()) return "optimizer state: unchanged";
     std::uint64_t digest = fnv1a_basis;
     for (const auto& [where, values] : state_set_) {
       const std::uint64_t record[3] = {where.first, where.second, values};
       digest = fnv1a(record, sizeof record, digest);
     }
-    return text + "set since the last step, digest " + hex_digest(digest);
+    return "optimizer state: set since the last step, digest " + hex_digest(digest);
   }
 
  private:

@@ -85,7 +85,7 @@ struct pipeline_options {
 
   // reduce::automatic: time each candidate backend this many times on the first step that applies the
   // optimizer, on that step's own gradients, and keep the fastest (median); 0: the rule alone
-  // (reduce/backend_choice.hpp). The candidates' results are compared bit for bit while timing (a
+  // (reduce/choice/chooser.hpp). The candidates' results are compared bit for bit while timing (a
   // difference throws, naming the backends and the variable, and changes nothing). Each trial starts
   // from the parameters, optimizer state and gradients the step began with, so the step is applied
   // once: training is bitwise the same as without timing, the tower functions run once, and only that
@@ -97,6 +97,11 @@ struct pipeline_options {
   // comm/nccl.cuh: nccl_process_group), each running one pipeline with the same number of towers; empty:
   // this process alone. Shared, so that several pipelines may use one group.
   std::shared_ptr<process_group> processes;
+  // Across processes, each stages its own part of the global batch (pipeline::process_part); a step
+  // whose processes staged byte-identical parts (sampled digests equal: as when every process gives the
+  // whole batch) is refused, naming the ranks. true: the processes may see the same data on purpose
+  // (synthetic data, benchmarks).
+  bool identical_process_parts = false;
 };
 
 namespace detail {

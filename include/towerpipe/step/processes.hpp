@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "towerpipe/comm/process_group.hpp"
+#include "towerpipe/core/checksum.hpp"
 #include "towerpipe/core/config.hpp"
 #include "towerpipe/core/error.hpp"
 #include "towerpipe/core/variable_set.hpp"
@@ -92,12 +94,20 @@ std::vector<std::string> configuration_fingerprint(const char* execution, const 
                    exact(options.loss_scale.backoff_factor), ", interval ", options.loss_scale.growth_interval),
       make_message("accumulation_steps: ", options.accumulation_steps),
       make_message("overlap_reduction: ", options.overlap_reduction ? "on" : "off"),
+      make_message("identical_process_parts: ", options.identical_process_parts ? "allowed" : "refused"),
       make_message("gradient buckets: ", describe(options.buckets)),
       make_message("variables: ", variables.count())};
   for (std::size_t v = 0; v < variables.count(); ++v)
     lines.push_back(make_message("variable ", v, ": '", variables[v].name, "' ", to_string(variables[v].shape)));
   return lines;
 }
+
+// What a process brings to a step's first collective (pipeline_state::step_settings_now).
+struct step_settings {
+  std::string text;             // a line each, which must be the same on every process
+  bool parameters_set = false;  // on this process since the last step (initialisation, a checkpoint)
+  std::function<std::uint64_t()> parameter_digest;  // of every parameter as this process holds them now
+};
 
 class processes {
  public:
@@ -108,7 +118,8 @@ class processes {
       : group_(options.processes ? options.processes : std::make_shared<single_process>()),
         rank_(group_->rank()),
         size_(group_->size()),
-        local_towers_(local_towers) {
+        local_towers_(local_towers),
+        identical_parts_allowed_(options.identical_process_parts) {
     check_fingerprint(fingerprint);
     if (checked && towers() >= nonfinite_sum_tower)
       fail("a checked pipeline takes at most ", nonfinite_sum_tower - 1, " towers over all processes, ", towers(), " requested");
@@ -128,11 +139,13 @@ class processes {
   //               process with every tower would cut it (process_part_of), else the step would differ.
   // Returns this process's towers' weights examples_i / all examples (as plan_split computes them in
   // one process) and sets `examples` to the count over every process. One process: the shards' own.
+  //   part        a sampled digest of this process's part (batch::sampled_digest): two processes' equal
+  //               are refused unless pipeline_options::identical_process_parts.
   template <class Settings>
   std::vector<double> agree_before_towers(std::int64_t step, Settings&& settings, const std::vector<shard>& shards,
-                                          split_policy policy, std::size_t& examples) const {
+                                          std::uint64_t part, split_policy policy, std::size_t& examples) const {
     std::vector<double> weights;
-    if (size_ > 1) return exchange_before_towers(step, std::nullopt, settings(), shards, policy, examples);
+    if (size_ > 1) return exchange_before_towers(step, std::nullopt, settings(), shards, part, policy, examples);
     for (const shard& s : shards) {
       weights.push_back(s.weight);
       examples += s.examples;
@@ -145,7 +158,7 @@ class processes {
   template <class Settings>
   [[noreturn]] void refuse_step(std::int64_t step, const std::string& refusal, Settings&& settings, split_policy policy) const {
     std::size_t examples = 0;
-    if (size_ > 1) exchange_before_towers(step, refusal, settings(), {}, policy, examples);
+    if (size_ > 1) exchange_before_towers(step, refusal, settings(), {}, 0, policy, examples);
     fail(refusal);  // one process: this one alone
   }
 
@@ -198,39 +211,66 @@ class processes {
 
  private:
   // agree_before_towers across processes; with a refusal, that refusal on every process.
-  std::vector<double> exchange_before_towers(std::int64_t step, const std::optional<std::string>& refusal, const std::string& settings,
-                                          const std::vector<shard>& shards, split_policy policy, std::size_t& examples) const {
+  std::vector<double> exchange_before_towers(std::int64_t step, const std::optional<std::string>& refusal, const step_settings& settings,
+                                          const std::vector<shard>& shards, std::uint64_t part, split_policy policy,
+                                          std::size_t& examples) const {
     std::string mine;
     append_text(mine, refusal ? *refusal : std::string());
     mine += refusal ? 'R' : 'A';  // refused or accepted
-    append_text(mine, settings);
+    append_text(mine, settings.text);
+    mine += settings.parameters_set ? 'P' : 'N';
+    append_count(mine, part);
     for (const shard& s : shards) append_count(mine, s.examples);
     std::vector<std::string> all_settings;
-    std::vector<std::uint64_t> counts;
-    std::string refusals;
+    std::vector<std::uint64_t> counts, parts;
+    std::string refusals, parameters_set_on;
     std::size_t rank = 0;
     for (const std::string& bytes : group_->all_gather(mine.data(), mine.size(), "agreeing on the step's settings and shard sizes")) {
       std::size_t at = 0;
       const std::string refused = read_text(bytes, at);
       if (bytes[at++] == 'R') refusals += make_message(refusals.empty() ? "" : "; ", "rank ", rank, ": ", refused);
       all_settings.push_back(read_text(bytes, at));
+      if (bytes[at++] == 'P') parameters_set_on += make_message(parameters_set_on.empty() ? "" : ", ", rank);
+      parts.push_back(read_count(bytes, at));
       while (at < bytes.size()) counts.push_back(read_count(bytes, at));
       ++rank;
     }
     if (!refusals.empty())
       fail("step ", step, ": the batch was refused on ", group_->describe(), " (", refusals, "); nothing was updated, and no batch stays staged, on any process");
     const std::string difference = first_difference(all_settings);
-    if (!difference.empty())
-      fail("reduce::sharded over ", group_->describe(), ": the processes differ at this step, which therefore runs on none: ",
-           difference);
+    if (!difference.empty()) fail(differ_at_step(), difference);
+    if (!parameters_set_on.empty()) agree_on_parameters(parameters_set_on, settings.parameter_digest());
     std::uint64_t used = 0;
     for (std::uint64_t c : counts) used += c;
     check_canonical_cut(step, counts, static_cast<std::size_t>(used), policy);
+    if (!identical_parts_allowed_) refuse_identical_parts(step, parts, counts, static_cast<std::size_t>(used));
     examples = static_cast<std::size_t>(used);
     std::vector<double> local;
     for (std::size_t t = 0; t < local_towers_; ++t)
       local.push_back(static_cast<double>(counts[global_tower(t)]) / static_cast<double>(used));
     return local;
+  }
+
+  std::string differ_at_step() const {
+    return make_message("reduce::sharded over ", group_->describe(), ": the processes differ at this step, which therefore runs on none: ");
+  }
+
+  // Parameters were set on some process since the last step (on the ranks `set_on`): every process's
+  // parameters as they are now must be the same, so that one process setting the values every process
+  // holds agrees. Every process takes this second collective alike: each saw the same first one.
+  void agree_on_parameters(const std::string& set_on, std::uint64_t digest) const {
+    const std::vector<std::string> all = group_->all_gather(&digest, sizeof digest, "comparing the parameters set since the last step");
+    std::vector<std::string> digests;
+    for (const std::string& bytes : all) {
+      std::uint64_t d = 0;
+      std::memcpy(&d, bytes.data(), sizeof d);
+      digests.push_back("parameters: digest " + hex_digest(d));
+    }
+    const std::string difference = first_difference(digests);
+    if (!difference.empty())
+      fail(differ_at_step(), "parameters were set since the last step on rank(s) ", set_on, " and now differ: ", difference,
+           "; set the same values on every process (set_parameter with them, or load_checkpoint of one checkpoint on each) ",
+           "and step again");
   }
 
   // agree_on_towers across processes: `failure` is what failed on this process, nothing where its towers
@@ -276,6 +316,23 @@ class processes {
     }
   }
 
+  // Two processes that staged the same examples (as when each gives the whole batch, whose cut then
+  // passes) would train on them twice and report twice the throughput.
+  void refuse_identical_parts(std::int64_t step, const std::vector<std::uint64_t>& parts, const std::vector<std::uint64_t>& counts,
+                              std::size_t used) const {
+    for (std::size_t a = 0; a < parts.size(); ++a) {
+      std::uint64_t examples = 0;
+      for (std::size_t t = a * local_towers_; t < (a + 1) * local_towers_; ++t) examples += counts[t];
+      for (std::size_t b = a + 1; b < parts.size() && examples > 0; ++b) {  // two empty parts are alike, not a mistake
+        if (parts[a] != parts[b]) continue;
+        fail("step ", step, ": ranks ", a, " and ", b, " staged byte-identical parts of the batch (sampled digest ", hex_digest(parts[a]),
+             "), as when every process gives the whole batch: each stages its own part of the global batch of ", used,
+             " examples (pipeline::process_part(", used, ")); set pipeline_options::identical_process_parts where the processes ",
+             "see the same data on purpose; nothing was updated on any process");
+      }
+    }
+  }
+
   static void append_text(std::string& bytes, const std::string& text) {
     append_count(bytes, text.size());
     bytes += text;
@@ -305,6 +362,7 @@ class processes {
   std::shared_ptr<process_group> group_;
   int rank_, size_;
   std::size_t local_towers_;
+  bool identical_parts_allowed_;
 };
 
 }  // namespace detail

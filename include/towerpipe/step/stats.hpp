@@ -39,9 +39,14 @@ struct nonfinite_gradient {
 struct step_stats {
   std::int64_t step = 0;       // the optimizer step this was, counting from 1
   std::size_t examples = 0;    // examples used (a drop_remainder split may leave some out)
+  // Losses unscaled: what the towers returned divided by loss_scale (they return their loss times
+  // pipeline::loss_scale(), pipeline_options::loss_scale; 1 when that is off).
   std::vector<double> tower_loss;  // each tower's loss over its shard
-  double loss = 0;             // sum of weight_i * tower_loss_i: the loss over the whole batch
-  double seconds = 0;
+  double loss = 0;                 // sum of weight_i * tower_loss_i: the loss over the whole batch
+  double scaled_loss = 0;          // loss * loss_scale: the weighted sum of what the towers returned
+  double seconds = 0;  // this step() call's
+  // The optimizer step's: its micro-batches' examples so far over their step() seconds so far (with
+  // pipeline_options::accumulation_steps = k, the k-th micro-batch reports the whole optimizer step's).
   double examples_per_second = 0;
   stage_seconds stages;
   std::size_t buckets = 1;                // gradient buckets of the step (pipeline_options::buckets)
@@ -50,7 +55,9 @@ struct step_stats {
   // Checked steps (pipeline_options::on_nonfinite, max_grad_norm):
   bool skipped = false;                         // a non-finite gradient: nothing was updated
   std::optional<nonfinite_gradient> nonfinite;  // where, when the average was not finite
-  std::optional<double> gradient_norm;          // L2 norm of the averaged gradient, before clipping
+  // L2 norm of the averaged gradient, before clipping; empty when the step is unchecked
+  // (on_nonfinite = unchecked) or a micro-batch that accumulates (the norm is the whole window's)
+  std::optional<double> gradient_norm;
   double clip_coefficient = 1;                  // what the averaged gradient was multiplied by
   double loss_scale = 1;                        // the loss scale of this step (pipeline_options::loss_scale)
   // Gradient accumulation (pipeline_options::accumulation_steps): which micro-batch of `step` this was,
