@@ -5,9 +5,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <fcntl.h>
 #include <glob.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -294,4 +298,81 @@ TEST_CASE("a checkpoint is refused in the middle of an accumulation window, and 
   require_same_state(p, resumed);
   CHECK(resumed.steps_done() == 3);
   std::remove(path.c_str());
+}
+
+namespace {
+// A directory of its own under /tmp for a test that lists what is beside a checkpoint.
+std::string fresh_directory(const std::string& name) {
+  const std::string directory = temporary_path(name);
+  std::filesystem::remove_all(directory);
+  REQUIRE(std::filesystem::create_directory(directory));
+  return directory;
+}
+bool exists(const std::string& path) {
+  struct stat info {};
+  return ::lstat(path.c_str(), &info) == 0;
+}
+}  // namespace
+
+TEST_CASE("a save removes the temporaries that killed saves to the same target left, and nothing else", "[checkpoint]") {
+  const std::string directory = fresh_directory("stale_temporaries");
+  const std::string path = directory + "/model.ckpt";
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(source, 0, 2);
+  save_checkpoint(source, path);
+  const std::string whole = read_file(path);
+  REQUIRE(whole.compare(0, 8, "TWRPCKPT") == 0);
+
+  // What saves killed before their rename leave: NAME.tmp. and mkstemp's six letters or digits, holding
+  // all of a checkpoint or the part written before the kill.
+  const std::vector<std::string> killed{"model.ckpt.tmp.a1B2c3", "model.ckpt.tmp.ZZZZZZ", "model.ckpt.tmp.000000"};
+  write_file(directory + "/" + killed[0], whole);
+  write_file(directory + "/" + killed[1], whole.substr(0, whole.size() / 3));
+  write_file(directory + "/" + killed[2], whole.substr(0, 8));
+  // Files that are not a killed save's to this target, and must stay.
+  const std::vector<std::string> kept{
+      "other.ckpt.tmp.a1B2c3",    // another target's temporary
+      "model.ckpt.tmp.a1B2c",     // five characters
+      "model.ckpt.tmp.a1B2c3d",   // seven
+      "model.ckpt.tmp.a1-2c3",    // not mkstemp's alphabet
+      "model.ckpt.tmpXa1B2c3",    // not ".tmp."
+      "xmodel.ckpt.tmp.a1B2c3",   // another target whose name ends like this one
+      "model.ckpt.tmp.notour",    // the right name, but not a checkpoint
+      "model.ckpt.tmp.TWRPCK",    // the right name, shorter than the magic
+      "model.ckpt.tmp.e0e0e0",    // empty: perhaps a save that has just begun
+      "model.ckpt.tmp.L0CKED",    // a save in progress elsewhere (locked below)
+  };
+  for (const std::string& name : kept) write_file(directory + "/" + name, whole);
+  write_file(directory + "/model.ckpt.tmp.notour", "the user's own notes, not a checkpoint");
+  write_file(directory + "/model.ckpt.tmp.TWRPCK", "TWRPCK");
+  write_file(directory + "/model.ckpt.tmp.e0e0e0", "");
+  // A link with the right name, to a checkpoint: not a regular file, and the file it names is not ours.
+  write_file(directory + "/elsewhere.ckpt", whole);
+  REQUIRE(::symlink((directory + "/elsewhere.ckpt").c_str(), (directory + "/model.ckpt.tmp.L1NK00").c_str()) == 0);
+  const int in_progress = ::open((directory + "/model.ckpt.tmp.L0CKED").c_str(), O_RDONLY);
+  REQUIRE(in_progress >= 0);
+  REQUIRE(::flock(in_progress, LOCK_EX) == 0);
+
+  train_steps(source, 2, 3);
+  save_checkpoint(source, path);
+  ::close(in_progress);
+  for (const std::string& name : killed) {
+    INFO(name);
+    CHECK_FALSE(exists(directory + "/" + name));
+  }
+  for (const std::string& name : kept) {
+    INFO(name);
+    CHECK(exists(directory + "/" + name));
+  }
+  CHECK(exists(directory + "/model.ckpt.tmp.L1NK00"));
+  CHECK(read_file(directory + "/elsewhere.ckpt") == whole);
+  CHECK(read_file(directory + "/model.ckpt.tmp.notour") == "the user's own notes, not a checkpoint");
+  trainer<layout::flat<float>> loaded(variables, inputs, 2, optim::adam::hyper_parameters{});
+  load_checkpoint(loaded, path);
+  require_same_state(loaded, source);
+  // The lock released (its save "killed"), the next save removes that one too.
+  save_checkpoint(source, path);
+  CHECK_FALSE(exists(directory + "/model.ckpt.tmp.L0CKED"));
+  CHECK(exists(directory + "/other.ckpt.tmp.a1B2c3"));
+  std::filesystem::remove_all(directory);
 }
