@@ -67,8 +67,8 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --timeline FILE       write a Chrome trace (chrome://tracing, Perfetto) of every step
   --metrics FILE        write progress and per-epoch accuracy as CSV
   --checkpoint DIR      save DIR/towerpipe.ckpt after every epoch (DIR is created)
-  --resume              continue from DIR/towerpipe.ckpt (needs --checkpoint; none there: from step 0;
-                        not with --precision fp16, whose skipped steps leave the epoch unknown)
+  --resume              continue from DIR/towerpipe.ckpt (needs --checkpoint; none there: from step 0)
+                        at the epoch its data cursor names (skipped fp16 steps do not shift it)
   --data DIR            Fashion-MNIST gzipped IDX files  [/usr/share/datasets/fashion-mnist]
   --generated N         train on N GENERATED examples (Gaussian clusters) instead of Fashion-MNIST
   --compare-backends    train once per backend the towers allow (and per layout, unless --layout is
@@ -237,9 +237,6 @@ options parse(int argc, char** argv) {
                         (o.precision == "bf16" ? "fp16" : "bf16") + " or fp32 for layout::" + o.layout);
     o.layout = only;
   }
-  if (o.precision == "fp16" && o.resume)
-    throw usage_error("--resume with --precision fp16: dynamic loss scaling skips steps, so a checkpoint's step count does "
-                      "not tell the epoch to resume at; resume fp32 or bf16 runs");
   const char* why_no_gpu = o.cpu_towers ? "--cpu-towers was given"
 #if defined(TOWERPIPE_EXAMPLES_GPU)
                                         : "no GPU is visible";

@@ -204,17 +204,22 @@ TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files wit
   CHECK(loaded.loss_scale_good_steps() == 1);
   require_same_state(loaded, source);
 
-  // The same file as format version 1: no loss_scale line, header size and checksum to match.
+  // The same file as format version 1: no loss_scale line (nor version 3's user_data line, here for no
+  // user data), header size and checksum to match.
   std::string bytes = read_file(path);
   bytes.resize(bytes.size() - sizeof(std::uint64_t));
   const std::size_t line = bytes.find("loss_scale 512 1\n");
   REQUIRE(line != std::string::npos);
   bytes.erase(line, 17);
+  const std::size_t user_data_line = bytes.find("user_data 0 ");
+  REQUIRE(user_data_line != std::string::npos);
+  const std::size_t user_data_line_size = bytes.find('\n', user_data_line) + 1 - user_data_line;
+  bytes.erase(user_data_line, user_data_line_size);
   const std::uint32_t version = 1;
   std::memcpy(&bytes[8], &version, sizeof version);
   std::uint64_t header_size;
   std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
-  header_size -= 17;
+  header_size -= 17 + user_data_line_size;
   std::memcpy(&bytes[12], &header_size, sizeof header_size);
   const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
   bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
@@ -375,4 +380,75 @@ TEST_CASE("a save removes the temporaries that killed saves to the same target l
   CHECK_FALSE(exists(directory + "/model.ckpt.tmp.L0CKED"));
   CHECK(exists(directory + "/other.ckpt.tmp.a1B2c3"));
   std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("a checkpoint carries the program's own data, checksummed, and files without it load with none", "[checkpoint]") {
+  const std::string path = temporary_path("user_data.ckpt");
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(source, 0, 3);
+  // Every byte value, a NUL among them: bytes, not text.
+  std::string cursor;
+  for (int i = 0; i < 300; ++i) cursor += static_cast<char>((i * 7 + 3) % 256);
+  REQUIRE(cursor.find('\0') != std::string::npos);
+  save_checkpoint(source, path, cursor);
+
+  trainer<layout::per_variable<float>> resumed(variables, inputs, 2, optim::adam::hyper_parameters{});
+  const std::string back = load_checkpoint(resumed, path);
+  CHECK(back.size() == cursor.size());
+  CHECK(back == cursor);
+  require_same_state(resumed, source);
+  const std::string good = read_file(path);
+
+  // A string literal is user data (not the this_process_writes flag), and no user data loads as none.
+  save_checkpoint(source, path, "epoch 3 batch 17");
+  CHECK(load_checkpoint(resumed, path) == "epoch 3 batch 17");
+  save_checkpoint(source, path);
+  CHECK(load_checkpoint(resumed, path).empty());
+  const std::string without = read_file(path);
+
+  // One byte of the user data changed: refused, naming it, and nothing loaded.
+  trainer<layout::flat<float>> target(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(target, 0, 1);
+  std::vector<std::vector<float>> before;
+  for (std::size_t v = 0; v < variables.count(); ++v) before.emplace_back(target.parameter(v).begin(), target.parameter(v).end());
+  std::string damaged = good;
+  const std::size_t user_data_at = good.size() - sizeof(std::uint64_t) - cursor.size();
+  REQUIRE(good.compare(user_data_at, cursor.size(), cursor) == 0);
+  damaged[user_data_at + 100] ^= 0x01;
+  write_file(path, damaged);
+  CHECK_THROWS_WITH(load_checkpoint(target, path),
+                    Catch::Contains("corrupted: checksum mismatch (in the user data: the 300 bytes the program saved with it)"));
+  CHECK(target.steps_done() == 1);
+  for (std::size_t v = 0; v < variables.count(); ++v) CHECK(first_bitwise_difference(target.parameter(v), before[v]) == -1);
+  // Cut short, or the user data's length changed in the header: refused too.
+  write_file(path, good.substr(0, good.size() - 10));
+  CHECK_THROWS_WITH(load_checkpoint(target, path), Catch::Contains("truncated"));
+  CHECK(target.steps_done() == 1);
+
+  // Too much to be a cursor: refused when saving, and the last good file stays.
+  write_file(path, good);
+  CHECK_THROWS_WITH(save_checkpoint(source, path, std::string(max_checkpoint_user_data + 1, 'x')),
+                    Catch::Contains("bytes of user data, at most 1048576"));
+  CHECK(read_file(path) == good);
+
+  // A version-2 file (before user data): the same bytes without the user_data line; it loads, with none.
+  std::string bytes = without.substr(0, without.size() - sizeof(std::uint64_t));
+  const std::size_t line = bytes.find("user_data 0 ");
+  REQUIRE(line != std::string::npos);
+  const std::size_t line_end = bytes.find('\n', line) + 1;
+  const std::size_t line_size = line_end - line;
+  bytes.erase(line, line_size);
+  const std::uint32_t version = 2;
+  std::memcpy(&bytes[8], &version, sizeof version);
+  std::uint64_t header_size;
+  std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
+  header_size -= line_size;
+  std::memcpy(&bytes[12], &header_size, sizeof header_size);
+  const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
+  bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
+  write_file(path, bytes);
+  trainer<layout::flat<float>> old(variables, inputs, 2, optim::adam::hyper_parameters{});
+  CHECK(load_checkpoint(old, path).empty());
+  require_same_state(old, source);
+  std::remove(path.c_str());
 }
