@@ -38,7 +38,8 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
                         auto: reduce::automatic picks one from the towers' topology and the
                         program prints which and why                            [auto]
   --time-backends N     with --backend auto: time every candidate backend N times on the first step
-                        and keep the fastest (each trial's result compared bit for bit)       [0: off]
+                        and keep the fastest (each trial's result compared bit for bit; N <= 100)
+                                                                                [0: off]
   --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
                         --towers towers in each (GPU towers where visible, their exchange staged
                         through pinned host memory), --batch-size split over every process's towers
@@ -168,7 +169,12 @@ options parse(int argc, char** argv) {
     else if (flag == "--epochs") o.epochs = positive(flag, value);
     else if (flag == "--batch-size") o.batch_size = positive(flag, value);
     else if (flag == "--log-every") o.log_every = positive(flag, value);
-    else if (flag == "--time-backends") o.time_backends = positive(flag, value);
+    else if (flag == "--time-backends") {
+      o.time_backends = positive(flag, value);
+      if (o.time_backends > towerpipe::max_time_backends)
+        throw usage_error("--time-backends " + value + ": at most " + std::to_string(towerpipe::max_time_backends) +
+                          " (each trial reduces the first step once more with every candidate backend)");
+    }
     else if (flag == "--generated") {
       o.generated = positive(flag, value);
       if (o.generated > 10000000) throw usage_error("--generated " + value + ": at most 10000000 examples (784 floats each)");

@@ -282,6 +282,8 @@ foreach(case "--towers;x|--towers needs a positive whole number"
              "--ranks;--transport;nccl;--cpu-towers|--transport nccl"  # no NCCL in the build, or no GPU towers
              "--time-backends;2;--backend;host|--time-backends times reduce::automatic's candidates: it needs --backend auto, not host"
              "--time-backends;0|--time-backends needs a positive whole number"
+             "--time-backends;101|--time-backends 101: at most 100 \\(each trial"
+             "--time-backends;18446744073709551615|--time-backends 18446744073709551615: at most 100"
              "--lr;-1|--lr needs a positive number"
              "--frobnicate;1|unknown argument --frobnicate"
              "--towers=x|--towers needs a positive whole number"

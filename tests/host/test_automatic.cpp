@@ -219,3 +219,17 @@ TEST_CASE("time_backends: candidates that disagree stop the step, naming both an
 }
 
 }  // namespace
+
+TEST_CASE("time_backends above 100 is refused at construction with the bound, and 100 is taken", "[automatic]") {
+  // 2^64 - 1 trials never returned, 10^6 took many minutes.
+  for (const std::size_t trials : {std::size_t(101), std::size_t(1000000), ~std::size_t(0)}) {
+    INFO("time_backends = " << trials);
+    pipeline_options options;
+    options.time_backends = trials;
+    CHECK_THROWS_WITH(trainer<reduce::automatic>(some_variables(), inputs, 2, {}, options),
+                      Catch::Contains("pipeline_options::time_backends is " + std::to_string(trials) + ": at most 100 trials"));
+  }
+  pipeline_options options;
+  options.time_backends = 100;
+  CHECK_NOTHROW(trainer<reduce::automatic>(some_variables(), inputs, 2, {}, options));
+}
