@@ -224,12 +224,27 @@ class mpi_process_group final : public process_group {
         check(MPI_Isend(send_list[i].data == nullptr ? &empty_ : send_list[i].data, static_cast<int>(send_list[i].bytes), MPI_BYTE,
                         send_list[i].peer, tag, comm_, &sends[i]),
               what);
+      std::size_t receiving = receives.size();
       const auto start = std::chrono::steady_clock::now();
       for (;;) {
-        int received = 0, sent = 0;
-        check(MPI_Testall(static_cast<int>(receives.size()), receives.data(), &received, MPI_STATUSES_IGNORE), what);
+        // Each receive on its own, so that its status is read when it completes: a shorter message than
+        // expected is not an MPI error, but a sign that the ranks are not making the same call.
+        for (std::size_t i = 0; i < receives.size() && receiving > 0; ++i) {
+          if (receives[i] == MPI_REQUEST_NULL) continue;
+          int done = 0;
+          MPI_Status status;
+          check(MPI_Test(&receives[i], &done, &status), what);
+          if (!done) continue;
+          --receiving;
+          int count = 0;
+          MPI_Get_count(&status, MPI_BYTE, &count);
+          if (static_cast<std::size_t>(count) != receive_list[i].bytes)
+            detail::fail("rank ", rank_, ": ", what, ": rank ", receive_list[i].peer, " sent ", count, " bytes, ",
+                         receive_list[i].bytes, " expected (the ranks are not making the same call)");
+        }
+        int sent = 0;
         check(MPI_Testall(static_cast<int>(sends.size()), sends.data(), &sent, MPI_STATUSES_IGNORE), what);
-        if (received && sent) return;
+        if (receiving == 0 && sent) return;
         if (std::chrono::steady_clock::now() - start > deadline_) break;
         poll_notices(what);
         // MPI moves a large message in fragments and makes progress only inside MPI_Test: sleeping
@@ -240,7 +255,7 @@ class mpi_process_group final : public process_group {
     } catch (...) {
       cancel_pending();
       if (!broken_reason().empty()) throw;  // another rank gave up, or this one did (a notice): as it said
-      break_group(detail::make_message("rank ", rank_, ": MPI failed in ", what, ": ", detail::current_exception_text()));
+      break_group(detail::current_exception_text());  // an MPI error, or a message of another size
     }
     const auto unfinished = [&](std::vector<MPI_Request>& requests, const std::vector<transfer>& list) {
       std::string ranks;
