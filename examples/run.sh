@@ -14,7 +14,26 @@ if [ ! -f "$data" ] && [[ " $* " != *" --data "* && " $* " != *" --generated "* 
        "training on a GENERATED data set instead" >&2
   extra=(--generated 60000)
 fi
-cmake --preset default >/dev/null
+# train's translation units: train.cpp and train_mixed.cpp (host towers, fp32 and 16-bit), plus
+# train_gpu.cu and train_gpu_mixed.cu (GPU towers) where nvcc is found. Measured on the 2-core dev
+# machine (g++ 12 -O3, nvcc 13.0 for sm_75; 2026-12-02, load 1.4-6): about 127 + 114 CPU-seconds for the
+# host ones, 261 + 301 for the GPU ones (pipelines: 18 in each; 30 in each). GPU towers are built only where a GPU is visible (nvidia-smi -L lists one), since
+# without one the program trains on host towers anyway; TOWERPIPE_GPU_TOWERS=on|off decides otherwise.
+gpu_towers=${TOWERPIPE_GPU_TOWERS:-}
+if [ -z "$gpu_towers" ]; then
+  gpu_towers=off
+  if command -v nvcc >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then gpu_towers=on; fi
+fi
+cmake --preset default -DTOWERPIPE_ENABLE_CUDA=$([ "$gpu_towers" = on ] && echo ON || echo OFF) >/dev/null
+if [ ! -x build/default/examples/train ]; then  # the first build (later ones rebuild only what changed)
+  if [ "$gpu_towers" = on ]; then
+    echo "run.sh: building examples/train first (once): 4 translation units, about 13 CPU-minutes" \
+         "(7 minutes on 2 idle cores; host and GPU towers)" >&2
+  else
+    echo "run.sh: building examples/train first (once): 2 translation units, about 4 CPU-minutes" \
+         "(2 minutes on 2 idle cores; host towers only, as no GPU is visible)" >&2
+  fi
+fi
 cmake --build --preset default --target train
 # OpenBLAS picks its kernel when it loads; where it took one with narrower vectors than the CPU has
 # (Debian 12's OpenBLAS on recent Intel Xeons: Prescott, 2.7x slower), the program names the right one.

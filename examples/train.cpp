@@ -39,7 +39,8 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
                         auto: reduce::automatic picks one from the towers' topology and the
                         program prints which and why                            [auto]
   --time-backends N     with --backend auto: time every candidate backend N times on the first step
-                        and keep the fastest (each trial's result compared bit for bit)       [0: off]
+                        and keep the fastest (each trial's result compared bit for bit; N <= 100)
+                                                                                [0: off]
   --ranks               run as one of the processes mpirun started: reduce::sharded over all of them,
                         --towers towers in each (GPU towers where visible, their exchange staged
                         through pinned host memory), --batch-size split over every process's towers
@@ -68,8 +69,8 @@ const char* usage = R"(train — a classifier on Fashion-MNIST across N towers
   --timeline FILE       write a Chrome trace (chrome://tracing, Perfetto) of every step
   --metrics FILE        write progress and per-epoch accuracy as CSV
   --checkpoint DIR      save DIR/towerpipe.ckpt after every epoch (DIR is created)
-  --resume              continue from DIR/towerpipe.ckpt (needs --checkpoint; none there: from step 0;
-                        not with --precision fp16, whose skipped steps leave the epoch unknown)
+  --resume              continue from DIR/towerpipe.ckpt (needs --checkpoint; none there: from step 0)
+                        at the epoch its data cursor names (skipped fp16 steps do not shift it)
   --data DIR            Fashion-MNIST gzipped IDX files  [/usr/share/datasets/fashion-mnist]
   --generated N         train on N GENERATED examples (Gaussian clusters) instead of Fashion-MNIST
   --compare-backends    train once per backend the towers allow (and per layout, unless --layout is
@@ -169,7 +170,12 @@ options parse(int argc, char** argv) {
     else if (flag == "--epochs") o.epochs = positive(flag, value);
     else if (flag == "--batch-size") o.batch_size = positive(flag, value);
     else if (flag == "--log-every") o.log_every = positive(flag, value);
-    else if (flag == "--time-backends") o.time_backends = positive(flag, value);
+    else if (flag == "--time-backends") {
+      o.time_backends = positive(flag, value);
+      if (o.time_backends > towerpipe::max_time_backends)
+        throw usage_error("--time-backends " + value + ": at most " + std::to_string(towerpipe::max_time_backends) +
+                          " (each trial reduces the first step once more with every candidate backend)");
+    }
     else if (flag == "--generated") {
       o.generated = positive(flag, value);
       if (o.generated > 10000000) throw usage_error("--generated " + value + ": at most 10000000 examples (784 floats each)");
@@ -240,9 +246,6 @@ options parse(int argc, char** argv) {
                         (o.precision == "bf16" ? "fp16" : "bf16") + " or fp32 for layout::" + o.layout);
     o.layout = only;
   }
-  if (o.precision == "fp16" && o.resume)
-    throw usage_error("--resume with --precision fp16: dynamic loss scaling skips steps, so a checkpoint's step count does "
-                      "not tell the epoch to resume at; resume fp32 or bf16 runs");
   const char* why_no_gpu = o.cpu_towers ? "--cpu-towers was given"
 #if defined(TOWERPIPE_EXAMPLES_GPU)
                                         : "no GPU is visible";

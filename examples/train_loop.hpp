@@ -129,6 +129,33 @@ inline void prepare_output_directory(const std::string& flag, const std::string&
                              (error ? " (" + error.message() + ")" : ""));
 }
 
+// The data cursor a checkpoint carries (save_checkpoint's user data): the epochs done, and the batch
+// size and batches per epoch that make them. Saved at the end of an epoch, so the next one starts there.
+inline std::string data_cursor(std::size_t epochs_done, std::size_t batches_per_epoch, std::size_t batch_size) {
+  return "train data cursor: epochs_done " + std::to_string(epochs_done) + " batches_per_epoch " +
+         std::to_string(batches_per_epoch) + " batch_size " + std::to_string(batch_size);
+}
+// The epoch a run resumes at, from the checkpoint's cursor; a checkpoint without one (written before the
+// program saved it) from its step count, which is exact only where no step was skipped.
+inline std::size_t resume_epoch(const std::string& cursor, const std::string& checkpoint, std::int64_t steps_done,
+                                std::size_t batches_per_epoch, std::size_t batch_size) {
+  if (cursor.empty()) {
+    if (steps_done % static_cast<std::int64_t>(batches_per_epoch) != 0)
+      throw std::runtime_error(checkpoint + " was not written at the end of an epoch of this batch size");
+    return static_cast<std::size_t>(steps_done) / batches_per_epoch;
+  }
+  std::size_t epochs = 0, batches = 0, size = 0;
+  char rest = 0;
+  if (std::sscanf(cursor.c_str(), "train data cursor: epochs_done %zu batches_per_epoch %zu batch_size %zu%c", &epochs,
+                  &batches, &size, &rest) != 3)
+    throw std::runtime_error(checkpoint + ": its data cursor is not this program's: '" + cursor + "'");
+  if (batches != batches_per_epoch || size != batch_size)
+    throw std::runtime_error(checkpoint + " was written with " + std::to_string(batches) + " batches of " + std::to_string(size) +
+                             " examples an epoch; this run has " + std::to_string(batches_per_epoch) + " of " +
+                             std::to_string(batch_size) + " (the same --batch-size and data to resume)");
+  return epochs;
+}
+
 // Step times with the first steps left out (the first step allocates and warms caches: 100-600x a later
 // one on the H200): median, p95, p99 and max, which show the spread the tutorial's users saw.
 struct step_times {
@@ -293,10 +320,9 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
   if (o.resume && !std::filesystem::exists(checkpoint)) {
     std::printf("nothing to resume: %s does not exist; starting at step 0\n", checkpoint.c_str());
   } else if (o.resume) {
-    load_checkpoint(p, checkpoint);
-    if (p.steps_done() % static_cast<std::int64_t>(batches_per_epoch) != 0)
-      throw std::runtime_error(checkpoint + " was not written at the end of an epoch of this batch size");
-    first_epoch = static_cast<std::size_t>(p.steps_done()) / batches_per_epoch;
+    // Where the data stands comes from the checkpoint's own cursor (save_data_cursor), not from
+    // p.steps_done(), which leaves out the steps skipped (fp16's loss scaling skips overflowing ones).
+    first_epoch = resume_epoch(load_checkpoint(p, checkpoint), checkpoint, p.steps_done(), batches_per_epoch, o.batch_size);
     std::printf("resumed from %s at step %lld (epoch %zu)\n", checkpoint.c_str(), static_cast<long long>(p.steps_done()),
                 first_epoch);
   }
@@ -422,7 +448,8 @@ run_result train(const options& o, const image_dataset& data, const typename Opt
       if (!metrics) throw std::runtime_error("--metrics " + o.metrics_path + ": writing failed (disk full?)");
     }
     if (!o.checkpoint_dir.empty()) {
-      save_checkpoint(p, checkpoint, o.rank == 0);  // every process helps gather a sharded optimizer state
+      // every process helps gather a sharded optimizer state; the cursor says where the data stands
+      save_checkpoint(p, checkpoint, data_cursor(epoch + 1, batches_per_epoch, o.batch_size), o.rank == 0);
       std::printf("checkpoint: %s (step %lld)\n", checkpoint.c_str(), static_cast<long long>(p.steps_done()));
     }
     std::fflush(stdout);

@@ -6,7 +6,9 @@
 //   ./a.out -max_total_time=600 tests/fuzz/corpus        (tests/fuzz/run.cmake does this for ctest)
 //
 // With TOWERPIPE_FUZZ_WRITE_SEEDS=DIR set, the first call writes valid checkpoints of the harness's
-// pipeline (fresh, and after training steps) into DIR: how tests/fuzz/corpus was made.
+// pipeline (fresh, after training steps, and with user data) into DIR: how tests/fuzz/corpus was made
+// (fresh.ckpt and three_steps.ckpt are format version 2, version1_fresh.ckpt version 1; the *_v3 seeds
+// version 3, with the user_data line). An accepted input's user data must be exactly its declared size.
 #include <towerpipe/towerpipe.hpp>
 
 #include <cstdint>
@@ -58,9 +60,9 @@ void train(trainer& p, int steps) {
 
 void write_seeds(const char* directory) {
   trainer p = make_trainer();
-  save_checkpoint(p, std::string(directory) + "/fresh.ckpt");
+  save_checkpoint(p, std::string(directory) + "/fresh_v3.ckpt");
   train(p, 3);
-  save_checkpoint(p, std::string(directory) + "/three_steps.ckpt");
+  save_checkpoint(p, std::string(directory) + "/three_steps_user_data_v3.ckpt", std::string("epoch 1\0batch 7", 15));
 }
 
 }  // namespace
@@ -79,7 +81,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const std::string before = snapshot(p);
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   try {
-    detail::load_checkpoint_bytes(p, bytes, "fuzz input");
+    const std::string user_data = detail::load_checkpoint_bytes(p, bytes, "fuzz input");
+    if (user_data.size() > max_checkpoint_user_data || user_data.size() >= bytes.size()) {
+      std::fprintf(stderr, "an accepted checkpoint returned %zu bytes of user data\n", user_data.size());
+      std::abort();
+    }
   } catch (const error&) {
     if (snapshot(p) != before) {
       std::fprintf(stderr, "a rejected checkpoint changed the pipeline\n");

@@ -228,3 +228,116 @@ TEST_CASE("time_backends: candidates that disagree stop the step, naming both an
 }
 
 }  // namespace
+
+namespace {
+
+// Puts the process's log sink back to none when a test ends, however it ends.
+struct no_sink_afterwards {
+  ~no_sink_afterwards() { set_log_sink(nullptr); }
+};
+
+}  // namespace
+
+TEST_CASE("time_backends above 100 is refused at construction with the bound, and 100 is taken", "[automatic]") {
+  // 2^64 - 1 trials never returned, 10^6 took many minutes.
+  for (const std::size_t trials : {std::size_t(101), std::size_t(1000000), ~std::size_t(0)}) {
+    INFO("time_backends = " << trials);
+    pipeline_options options;
+    options.time_backends = trials;
+    CHECK_THROWS_WITH(trainer<reduce::automatic>(some_variables(), inputs, 2, {}, options),
+                      Catch::Contains("pipeline_options::time_backends is " + std::to_string(trials) + ": at most 100 trials"));
+  }
+  pipeline_options options;
+  options.time_backends = 100;
+  CHECK_NOTHROW(trainer<reduce::automatic>(some_variables(), inputs, 2, {}, options));
+}
+
+TEST_CASE("a log sink that throws does not throw through a step: time_backends' note after the step changes nothing",
+          "[automatic][log]") {
+  const no_sink_afterwards reset;
+  pipeline_options options;
+  options.time_backends = 2;  // reduce::automatic's "kept ..." note, sent once the first step is applied
+  random_source random(9);
+  INFO("seed " << random.seed());
+  std::vector<std::vector<float>> start;
+  for (const variable& v : some_variables()) start.push_back(random.wide(v.size));
+  const std::vector<float> x1 = random.normal(9), x2 = random.normal(9);
+  const auto prepare = [&](auto& p) {
+    for (std::size_t v = 0; v < start.size(); ++v) p.set_parameter(v, start[v].data(), start[v].size());
+  };
+  const auto step = [](auto& p, const std::vector<float>& x) {
+    batch examples;
+    examples.add("x", x.data(), x.size(), {1});
+    return p.step(examples, [](auto& tower) { return tower_gradient(tower); });
+  };
+
+  // The reference: the same two steps with a sink that takes every line.
+  std::vector<std::string> taken;
+  set_log_sink([&](const std::string& line) { taken.push_back(line); });
+  trainer<reduce::automatic> reference(some_variables(), inputs, 2, {}, options);
+  prepare(reference);
+  step(reference, x1);
+  bool kept_note = false;
+  for (const std::string& line : taken) kept_note = kept_note || line.find("reduce::automatic kept reduce::") != std::string::npos;
+  REQUIRE(kept_note);  // the note this test is about was sent during the first step
+  step(reference, x2);
+  REQUIRE(reference.steps_done() == 2);
+
+  // A sink that throws on every line, installed once the pipeline is built: the first step returns
+  // normally and counts, and the second continues bitwise as the reference does.
+  trainer<reduce::automatic> p(some_variables(), inputs, 2, {}, options);
+  prepare(p);
+  set_log_sink([](const std::string&) { throw std::runtime_error("the log's disk is full"); });
+  bool first_threw = false;
+  try {
+    const step_stats first = step(p, x1);
+    CHECK(first.step == 1);
+  } catch (const std::exception& e) {
+    first_threw = true;
+    FAIL_CHECK("the first step threw: " << e.what());
+  }
+  CHECK_FALSE(first_threw);
+  CHECK(p.steps_done() == 1);
+  step(p, x2);
+  CHECK(p.steps_done() == 2);
+  for (std::size_t v = 0; v < start.size(); ++v) {
+    INFO("variable " << p.variables()[v].name);
+    CHECK(first_bitwise_difference(p.parameter(v), reference.parameter(v)) == -1);
+    for (std::size_t slot = 0; slot < p.optimizer_state_slots(); ++slot)
+      CHECK(first_bitwise_difference(p.optimizer_state(slot, v), reference.optimizer_state(slot, v)) == -1);
+  }
+  // Nor through a constructor (its "chose ..." note).
+  CHECK_NOTHROW(trainer<reduce::automatic>(some_variables(), inputs, 2, {}, options));
+}
+
+TEST_CASE("the lines a throwing log sink did not take are kept for the program, the last 100", "[log]") {
+  const no_sink_afterwards reset;
+  take_undelivered_log_lines();  // whatever earlier tests left
+  set_log_sink([](const std::string&) { throw 42; });  // not even a std::exception
+  pipeline_options options;
+  options.time_backends = 2;
+  trainer<reduce::automatic> p(some_variables(), inputs, 2, {}, options);
+  const std::vector<float> x(6, 0.5f);
+  batch examples;
+  examples.add("x", x.data(), x.size(), {1});
+  p.step(examples, [](auto& tower) { return tower_gradient(tower); });
+  set_log_sink(nullptr);
+  std::vector<std::string> lines = take_undelivered_log_lines();
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].rfind("towerpipe: reduce::automatic chose reduce::", 0) == 0);
+  CHECK(lines[1].rfind("towerpipe: reduce::automatic kept reduce::", 0) == 0);
+  CHECK(take_undelivered_log_lines().empty());  // taken once
+
+  set_log_sink([](const std::string&) { throw std::runtime_error("full"); });
+  for (int i = 0; i < 105; ++i) log_warning("line " + std::to_string(i));
+  std::vector<std::string> working;
+  set_log_sink([&](const std::string& line) { working.push_back(line); });
+  log_note("delivered");
+  set_log_sink(nullptr);
+  CHECK(working == std::vector<std::string>{"towerpipe: delivered"});
+  lines = take_undelivered_log_lines();
+  REQUIRE(lines.size() == 101);
+  CHECK(lines[0] == "towerpipe: 5 older undelivered log line(s) dropped");
+  CHECK(lines[1] == "towerpipe warning: line 5");
+  CHECK(lines[100] == "towerpipe warning: line 104");
+}

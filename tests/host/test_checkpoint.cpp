@@ -5,9 +5,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <fcntl.h>
 #include <glob.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -200,17 +204,22 @@ TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files wit
   CHECK(loaded.loss_scale_good_steps() == 1);
   require_same_state(loaded, source);
 
-  // The same file as format version 1: no loss_scale line, header size and checksum to match.
+  // The same file as format version 1: no loss_scale line (nor version 3's user_data line, here for no
+  // user data), header size and checksum to match.
   std::string bytes = read_file(path);
   bytes.resize(bytes.size() - sizeof(std::uint64_t));
   const std::size_t line = bytes.find("loss_scale 512 1\n");
   REQUIRE(line != std::string::npos);
   bytes.erase(line, 17);
+  const std::size_t user_data_line = bytes.find("user_data 0 ");
+  REQUIRE(user_data_line != std::string::npos);
+  const std::size_t user_data_line_size = bytes.find('\n', user_data_line) + 1 - user_data_line;
+  bytes.erase(user_data_line, user_data_line_size);
   const std::uint32_t version = 1;
   std::memcpy(&bytes[8], &version, sizeof version);
   std::uint64_t header_size;
   std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
-  header_size -= 17;
+  header_size -= 17 + user_data_line_size;
   std::memcpy(&bytes[12], &header_size, sizeof header_size);
   const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
   bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
@@ -293,5 +302,153 @@ TEST_CASE("a checkpoint is refused in the middle of an accumulation window, and 
   train_steps(resumed, 3, 9);
   require_same_state(p, resumed);
   CHECK(resumed.steps_done() == 3);
+  std::remove(path.c_str());
+}
+
+namespace {
+// A directory of its own under /tmp for a test that lists what is beside a checkpoint.
+std::string fresh_directory(const std::string& name) {
+  const std::string directory = temporary_path(name);
+  std::filesystem::remove_all(directory);
+  REQUIRE(std::filesystem::create_directory(directory));
+  return directory;
+}
+bool exists(const std::string& path) {
+  struct stat info {};
+  return ::lstat(path.c_str(), &info) == 0;
+}
+}  // namespace
+
+TEST_CASE("a save removes the temporaries that killed saves to the same target left, and nothing else", "[checkpoint]") {
+  const std::string directory = fresh_directory("stale_temporaries");
+  const std::string path = directory + "/model.ckpt";
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(source, 0, 2);
+  save_checkpoint(source, path);
+  const std::string whole = read_file(path);
+  REQUIRE(whole.compare(0, 8, "TWRPCKPT") == 0);
+
+  // What saves killed before their rename leave: NAME.tmp. and mkstemp's six letters or digits, holding
+  // all of a checkpoint or the part written before the kill.
+  const std::vector<std::string> killed{"model.ckpt.tmp.a1B2c3", "model.ckpt.tmp.ZZZZZZ", "model.ckpt.tmp.000000"};
+  write_file(directory + "/" + killed[0], whole);
+  write_file(directory + "/" + killed[1], whole.substr(0, whole.size() / 3));
+  write_file(directory + "/" + killed[2], whole.substr(0, 8));
+  // Files that are not a killed save's to this target, and must stay.
+  const std::vector<std::string> kept{
+      "other.ckpt.tmp.a1B2c3",    // another target's temporary
+      "model.ckpt.tmp.a1B2c",     // five characters
+      "model.ckpt.tmp.a1B2c3d",   // seven
+      "model.ckpt.tmp.a1-2c3",    // not mkstemp's alphabet
+      "model.ckpt.tmpXa1B2c3",    // not ".tmp."
+      "xmodel.ckpt.tmp.a1B2c3",   // another target whose name ends like this one
+      "model.ckpt.tmp.notour",    // the right name, but not a checkpoint
+      "model.ckpt.tmp.TWRPCK",    // the right name, shorter than the magic
+      "model.ckpt.tmp.e0e0e0",    // empty: perhaps a save that has just begun
+      "model.ckpt.tmp.L0CKED",    // a save in progress elsewhere (locked below)
+  };
+  for (const std::string& name : kept) write_file(directory + "/" + name, whole);
+  write_file(directory + "/model.ckpt.tmp.notour", "the user's own notes, not a checkpoint");
+  write_file(directory + "/model.ckpt.tmp.TWRPCK", "TWRPCK");
+  write_file(directory + "/model.ckpt.tmp.e0e0e0", "");
+  // A link with the right name, to a checkpoint: not a regular file, and the file it names is not ours.
+  write_file(directory + "/elsewhere.ckpt", whole);
+  REQUIRE(::symlink((directory + "/elsewhere.ckpt").c_str(), (directory + "/model.ckpt.tmp.L1NK00").c_str()) == 0);
+  const int in_progress = ::open((directory + "/model.ckpt.tmp.L0CKED").c_str(), O_RDONLY);
+  REQUIRE(in_progress >= 0);
+  REQUIRE(::flock(in_progress, LOCK_EX) == 0);
+
+  train_steps(source, 2, 3);
+  save_checkpoint(source, path);
+  ::close(in_progress);
+  for (const std::string& name : killed) {
+    INFO(name);
+    CHECK_FALSE(exists(directory + "/" + name));
+  }
+  for (const std::string& name : kept) {
+    INFO(name);
+    CHECK(exists(directory + "/" + name));
+  }
+  CHECK(exists(directory + "/model.ckpt.tmp.L1NK00"));
+  CHECK(read_file(directory + "/elsewhere.ckpt") == whole);
+  CHECK(read_file(directory + "/model.ckpt.tmp.notour") == "the user's own notes, not a checkpoint");
+  trainer<layout::flat<float>> loaded(variables, inputs, 2, optim::adam::hyper_parameters{});
+  load_checkpoint(loaded, path);
+  require_same_state(loaded, source);
+  // The lock released (its save "killed"), the next save removes that one too.
+  save_checkpoint(source, path);
+  CHECK_FALSE(exists(directory + "/model.ckpt.tmp.L0CKED"));
+  CHECK(exists(directory + "/other.ckpt.tmp.a1B2c3"));
+  std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("a checkpoint carries the program's own data, checksummed, and files without it load with none", "[checkpoint]") {
+  const std::string path = temporary_path("user_data.ckpt");
+  trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(source, 0, 3);
+  // Every byte value, a NUL among them: bytes, not text.
+  std::string cursor;
+  for (int i = 0; i < 300; ++i) cursor += static_cast<char>((i * 7 + 3) % 256);
+  REQUIRE(cursor.find('\0') != std::string::npos);
+  save_checkpoint(source, path, cursor);
+
+  trainer<layout::per_variable<float>> resumed(variables, inputs, 2, optim::adam::hyper_parameters{});
+  const std::string back = load_checkpoint(resumed, path);
+  CHECK(back.size() == cursor.size());
+  CHECK(back == cursor);
+  require_same_state(resumed, source);
+  const std::string good = read_file(path);
+
+  // A string literal is user data (not the this_process_writes flag), and no user data loads as none.
+  save_checkpoint(source, path, "epoch 3 batch 17");
+  CHECK(load_checkpoint(resumed, path) == "epoch 3 batch 17");
+  save_checkpoint(source, path);
+  CHECK(load_checkpoint(resumed, path).empty());
+  const std::string without = read_file(path);
+
+  // One byte of the user data changed: refused, naming it, and nothing loaded.
+  trainer<layout::flat<float>> target(variables, inputs, 2, optim::adam::hyper_parameters{});
+  train_steps(target, 0, 1);
+  std::vector<std::vector<float>> before;
+  for (std::size_t v = 0; v < variables.count(); ++v) before.emplace_back(target.parameter(v).begin(), target.parameter(v).end());
+  std::string damaged = good;
+  const std::size_t user_data_at = good.size() - sizeof(std::uint64_t) - cursor.size();
+  REQUIRE(good.compare(user_data_at, cursor.size(), cursor) == 0);
+  damaged[user_data_at + 100] ^= 0x01;
+  write_file(path, damaged);
+  CHECK_THROWS_WITH(load_checkpoint(target, path),
+                    Catch::Contains("corrupted: checksum mismatch (in the user data: the 300 bytes the program saved with it)"));
+  CHECK(target.steps_done() == 1);
+  for (std::size_t v = 0; v < variables.count(); ++v) CHECK(first_bitwise_difference(target.parameter(v), before[v]) == -1);
+  // Cut short, or the user data's length changed in the header: refused too.
+  write_file(path, good.substr(0, good.size() - 10));
+  CHECK_THROWS_WITH(load_checkpoint(target, path), Catch::Contains("truncated"));
+  CHECK(target.steps_done() == 1);
+
+  // Too much to be a cursor: refused when saving, and the last good file stays.
+  write_file(path, good);
+  CHECK_THROWS_WITH(save_checkpoint(source, path, std::string(max_checkpoint_user_data + 1, 'x')),
+                    Catch::Contains("bytes of user data, at most 1048576"));
+  CHECK(read_file(path) == good);
+
+  // A version-2 file (before user data): the same bytes without the user_data line; it loads, with none.
+  std::string bytes = without.substr(0, without.size() - sizeof(std::uint64_t));
+  const std::size_t line = bytes.find("user_data 0 ");
+  REQUIRE(line != std::string::npos);
+  const std::size_t line_end = bytes.find('\n', line) + 1;
+  const std::size_t line_size = line_end - line;
+  bytes.erase(line, line_size);
+  const std::uint32_t version = 2;
+  std::memcpy(&bytes[8], &version, sizeof version);
+  std::uint64_t header_size;
+  std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
+  header_size -= line_size;
+  std::memcpy(&bytes[12], &header_size, sizeof header_size);
+  const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
+  bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
+  write_file(path, bytes);
+  trainer<layout::flat<float>> old(variables, inputs, 2, optim::adam::hyper_parameters{});
+  CHECK(load_checkpoint(old, path).empty());
+  require_same_state(old, source);
   std::remove(path.c_str());
 }

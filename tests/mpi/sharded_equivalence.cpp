@@ -19,6 +19,12 @@
 //                leaves through MPI_Finalize meets the same deadline, but Debian's OpenMPI 4.1.4 mpirun
 //                then hangs or crashes in its own teardown in about 1 run of 10 under load, after every
 //                process has reported and aborted; that would make the test flaky, not the library.)
+//   fault W R…   a rank stops inside its tower during a step whose buckets are exchanged while the towers
+//                run (MPI_THREAD_SERIALIZED): W "before" stops it before it marks any gradient ready, W
+//                "after" once it has marked every one (its worker thread exchanges them); R… the
+//                stopped ranks, comma-separated. Every other rank must fail that step within 1.5
+//                deadlines (3 s here) of its start, naming exactly the stopped ranks as those nothing
+//                came from, and prints "rank R: fault: reported ..." (tests/mpi/expect_fault.cmake).
 //
 // The GPU build (sharded_equivalence_gpu.cu, TOWERPIPE_TEST_GPU_TOWERS) runs the sharded pipeline's towers
 // on GPUs (reduce/sharded/device_towers_across_processes.hpp) against the same host reference: mode "equal" exchanges
@@ -31,6 +37,8 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -436,6 +444,75 @@ void disagree(const std::shared_ptr<process_group>& group) {
   std::remove(newer.c_str());
 }
 
+// The ranks listed in `text` ("1,3").
+std::vector<int> rank_list(const std::string& text) {
+  std::vector<int> ranks;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    ranks.push_back(std::stoi(text.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  return ranks;
+}
+
+// Mode "fault": see the top.
+void fault(const std::shared_ptr<mpi_process_group>& group, const std::string& when, const std::vector<int>& stopped) {
+  check(when == "before" || when == "after", "fault: 'before' or 'after', not '" + when + "'");
+  const bool stops = std::find(stopped.begin(), stopped.end(), rank) != stopped.end();
+  using sharded_type = pipeline<sharded_exec, reduce::sharded, optim::sgd, layout::flat<float>>;
+  pipeline_options options;
+  options.on_nonfinite = nonfinite_policy::unchecked;
+  options.processes = group;
+  options.buckets.groups = {{"scale"}, {"b"}, {"w"}};  // one bucket each, marked ready in that order
+  check(group->callable_from_any_thread(), "fault: MPI was not initialised with MPI_THREAD_SERIALIZED");
+  sharded_type p(model_variables(), model_inputs(), 1, {}, options);
+  initialize(p);
+  const std::size_t examples = 4 * static_cast<std::size_t>(processes);
+  const auto step = [&](int number, bool stop_here) {
+    return p.step(global_batch(number, examples).slice(4 * static_cast<std::size_t>(rank), 4), [&](auto& tower) {
+      if (stop_here && when == "before") std::this_thread::sleep_for(std::chrono::seconds(120));
+      const double loss = linear_tower(tower);
+      for (const char* name : {"scale", "b", "w"}) tower.gradient_ready(name);
+      if (stop_here) std::this_thread::sleep_for(std::chrono::seconds(120));
+      return loss;
+    });
+  };
+  step(1, false);  // every rank, buckets and all
+  std::string dead;
+  for (int r : stopped) dead += (dead.empty() ? "" : ", ") + std::to_string(r);
+  const double deadline = std::chrono::duration<double>(group->deadline()).count();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    step(2, stops);
+    check(false, "fault: step 2 completed although rank(s) " + dead + " stopped");
+  } catch (const towerpipe::error& e) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string message = e.what();
+    // Every "nothing came from rank(s) ..." in the message (another rank's, quoted, among them) names
+    // exactly the stopped ranks.
+    const std::string clause = "nothing came from rank(s) ";
+    std::size_t named = 0;
+    for (std::size_t at = message.find(clause); at != std::string::npos; at = message.find(clause, at + 1)) {
+      const std::size_t begin = at + clause.size();
+      const std::size_t end = std::min({message.find(')', begin), message.find(';', begin), message.size()});
+      check(message.substr(begin, end - begin) == dead,
+            "fault: the message names rank(s) " + message.substr(begin, end - begin) + ", not exactly " + dead + ": " + message);
+      ++named;
+    }
+    check(named > 0, "fault: the message names no rank: " + message);
+    check(seconds < 1.5 * deadline, "fault: reported after " + std::to_string(seconds) + " s, the deadline is " +
+                                        std::to_string(deadline) + " s: " + message);
+    std::printf("rank %d: fault: reported after %.2f s (deadline %.0f s): %s\n", rank, seconds, deadline, e.what());
+    std::fflush(stdout);
+  }
+  std::printf("rank %d: fault: %s\n", rank, failures == 0 ? "all checks passed" : "FAILED");
+  std::fflush(stdout);
+  // Every other survivor has reported by twice the deadline (or failed its own check): then the job ends,
+  // as a program ends after a deadline error (MPI is of no use after it).
+  std::this_thread::sleep_until(start + 2 * group->deadline());
+  MPI_Abort(MPI_COMM_WORLD, failures == 0 ? 3 : 4);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -453,8 +530,9 @@ int main(int argc, char** argv) {
   }
 #endif
   try {
-    std::shared_ptr<process_group> group =
-        std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" ? 3 : 60));
+    const auto mpi_group =
+        std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" || mode == "fault" ? 3 : 60));
+    std::shared_ptr<process_group> group = mpi_group;
     if (mode == "stalled" && rank == processes - 1) {
       std::this_thread::sleep_for(std::chrono::seconds(40));
       MPI_Finalize();
@@ -478,6 +556,8 @@ int main(int argc, char** argv) {
       mismatch(group);
     } else if (mode == "disagree") {
       disagree(group);
+    } else if (mode == "fault") {
+      fault(mpi_group, argc > 2 ? argv[2] : "", rank_list(argc > 3 ? argv[3] : std::to_string(processes - 1)));
     } else if (mode == "stalled") {
       pipeline_options options;
       options.on_nonfinite = nonfinite_policy::unchecked;

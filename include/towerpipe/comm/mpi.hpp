@@ -8,19 +8,28 @@
 //   options.processes = std::make_shared<towerpipe::mpi_process_group>(MPI_COMM_WORLD);
 //
 // It works on a duplicate of the communicator it is given, so its traffic never matches the user's.
-// Every operation is non-blocking underneath and waited for with a deadline (60 s unless given): past
-// it, the operation throws a towerpipe::error instead of waiting for a process that has exited or
-// stopped. MPI offers no way to cancel a collective, so after such an error the program should end
-// (MPI_Abort) rather than go on using MPI. Collectives are called from the thread that calls the
+// Every operation is point-to-point messages underneath (every rank sends every other rank a message in
+// every operation, empty or not), waited for with a deadline (60 s unless given): past it, the operation
+// throws a towerpipe::error instead of waiting for a process that has exited or stopped, naming the ranks
+// nothing came from in that operation. The group is then broken, as thread_process_group's is: every
+// later call fails at once with that first error, and the other ranks are told, so that each stops at
+// its next poll instead of meeting a deadline of its own in a later operation (a reduce::sharded step
+// whose towers exchange buckets from a worker thread would otherwise wait out the bucket exchange, the
+// settling exchange and the agreement: three deadlines, and ranks that reach the agreement at different
+// times name each other). Its pending messages cancelled, MPI is still no use after this: end the
+// program (MPI_Abort). Collectives are called from the thread that calls the
 // pipeline where MPI was initialised with MPI_THREAD_FUNNELED; with MPI_THREAD_SERIALIZED (or
 // MULTIPLE: MPI_Init_thread) reduce::sharded also exchanges gradient buckets from its worker thread
 // while the towers run, one call at a time. Messages are limited to 2 GiB each (MPI's int counts).
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,14 +72,21 @@ class mpi_process_group final : public process_group {
   }
   std::chrono::milliseconds deadline() const { return deadline_; }
 
-  // Every call starts with the sizes, sent point to point rather than as a collective: past the
-  // deadline, the ranks nothing came from are known and named. (Every step's first collective and the
+  // Every call starts with the sizes, sent point to point like the blocks that follow: past the deadline,
+  // the ranks nothing came from are known and named. (Every step's first collective and the
   // configuration check are all_gathers, so a process that has exited or stopped is named there.)
   std::vector<std::string> all_gather(const void* data, std::size_t bytes, const char* what) override {
+    enter(what);
     const auto mine = static_cast<std::uint64_t>(bytes);
     std::vector<std::uint64_t> sizes(static_cast<std::size_t>(size_));
     sizes[static_cast<std::size_t>(rank_)] = mine;
-    exchange_sizes(mine, sizes, what);
+    std::vector<transfer> receives, sends;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      receives.push_back({r, &sizes[static_cast<std::size_t>(r)], sizeof(std::uint64_t)});
+      sends.push_back({r, &mine, sizeof mine});
+    }
+    exchange(receives, sends, sizes_tag, what);
     std::vector<std::size_t> offsets, counts;
     std::size_t total = 0;
     for (std::uint64_t n : sizes) {
@@ -88,85 +104,188 @@ class mpi_process_group final : public process_group {
   void all_to_all(const char* send, const std::vector<std::size_t>& send_offsets, const std::vector<std::size_t>& send_bytes,
                   char* recv, const std::vector<std::size_t>& recv_offsets, const std::vector<std::size_t>& recv_bytes,
                   const char* what) override {
-    const std::vector<int> send_counts = ints(send_bytes, what), send_displacements = ints(send_offsets, what);
-    const std::vector<int> recv_counts = ints(recv_bytes, what), recv_displacements = ints(recv_offsets, what);
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Ialltoallv(send, send_counts.data(), send_displacements.data(), MPI_BYTE, recv, recv_counts.data(),
-                         recv_displacements.data(), MPI_BYTE, comm_, &request),
-          what);
-    wait(request, what);
+    enter(what);
+    std::vector<transfer> receives, sends;
+    for (int r = 0; r < size_; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (r == rank_) {
+        if (send_bytes[i] != recv_bytes[i])
+          detail::fail("rank ", rank_, ": ", what, ": sends itself ", send_bytes[i], " bytes but expects ", recv_bytes[i]);
+        if (send_bytes[i] > 0) std::memcpy(recv + recv_offsets[i], send + send_offsets[i], send_bytes[i]);
+        continue;
+      }
+      receives.push_back({r, recv_bytes[i] > 0 ? recv + recv_offsets[i] : nullptr, checked_count(recv_bytes[i], what)});
+      sends.push_back({r, send_bytes[i] > 0 ? send + send_offsets[i] : nullptr, checked_count(send_bytes[i], what)});
+    }
+    exchange(receives, sends, data_tag, what);
   }
 
   void all_gather_blocks(const char* mine, char* out, const std::vector<std::size_t>& block_offsets,
                          const std::vector<std::size_t>& block_bytes, const char* what) override {
-    const std::vector<int> counts = ints(block_bytes, what), displacements = ints(block_offsets, what);
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallgatherv(mine, counts[static_cast<std::size_t>(rank_)], MPI_BYTE, out, counts.data(),
-                          displacements.data(), MPI_BYTE, comm_, &request),
-          what);
-    wait(request, what);
+    enter(what);
+    const auto me = static_cast<std::size_t>(rank_);
+    std::vector<transfer> receives, sends;
+    for (int r = 0; r < size_; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      if (r == rank_) continue;
+      receives.push_back({r, block_bytes[i] > 0 ? out + block_offsets[i] : nullptr, checked_count(block_bytes[i], what)});
+      sends.push_back({r, block_bytes[me] > 0 ? mine : nullptr, checked_count(block_bytes[me], what)});
+    }
+    if (block_bytes[me] > 0) std::memcpy(out + block_offsets[me], mine, block_bytes[me]);
+    exchange(receives, sends, data_tag, what);
   }
 
  private:
-  static constexpr int sizes_tag = 0x7417;
+  static constexpr int sizes_tag = 0x7417, data_tag = 0x7418, gave_up_tag = 0x7419;
 
-  // Sends `mine` to every other rank and receives theirs into sizes[r], within the deadline; past it,
-  // the pending requests are cancelled (so that nothing lands in freed memory later) and the error
-  // names the ranks that sent nothing.
-  void exchange_sizes(const std::uint64_t& mine, std::vector<std::uint64_t>& sizes, const char* what) const {
-    std::vector<MPI_Request> receives, sends;
-    std::vector<int> from;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      from.push_back(r);
-      receives.emplace_back(MPI_REQUEST_NULL);
-      sends.emplace_back(MPI_REQUEST_NULL);
-      check(MPI_Irecv(&sizes[static_cast<std::size_t>(r)], 1, MPI_UINT64_T, r, sizes_tag, comm_, &receives.back()), what);
-      check(MPI_Isend(&mine, 1, MPI_UINT64_T, r, sizes_tag, comm_, &sends.back()), what);
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      int received = 0, sent = 0;
-      check(MPI_Testall(static_cast<int>(receives.size()), receives.data(), &received, MPI_STATUSES_IGNORE), what);
-      check(MPI_Testall(static_cast<int>(sends.size()), sends.data(), &sent, MPI_STATUSES_IGNORE), what);
-      if (received && sent) return;
-      if (std::chrono::steady_clock::now() - start > deadline_) break;
-      std::this_thread::yield();
-    }
-    std::string missing;
-    for (std::size_t i = 0; i < receives.size(); ++i) {
-      int done = 0;
-      MPI_Test(&receives[i], &done, MPI_STATUS_IGNORE);
-      if (!done) missing += (missing.empty() ? "" : ", ") + std::to_string(from[i]);
-    }
-    for (std::vector<MPI_Request>* pending : {&receives, &sends}) {
-      for (MPI_Request& request : *pending) {
-        if (request == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&request);
-        MPI_Request_free(&request);
+  // One message of an exchange: to or from `peer`, `bytes` at `data` (null where there are none; the
+  // message is sent all the same, so that its arrival says the peer made the call).
+  struct transfer {
+    int peer;
+    const void* data;
+    std::size_t bytes;
+  };
+
+  // Every operation starts here: after a deadline error, on this process or (as its notice says) on
+  // another, the group is broken and every call fails at once, repeating the first error.
+  void enter(const char* what) {
+    poll_notices(what);
+    const std::string broken = broken_reason();
+    if (!broken.empty()) detail::fail("rank ", rank_, ": ", what, ": the process group failed earlier (", broken, ")");
+  }
+
+  std::string broken_reason() const {
+    std::lock_guard<std::mutex> lock(broken_mutex_);
+    return broken_;
+  }
+
+  // Breaks the group with `reason` (the first reason stays), tells every other rank once (so that a
+  // rank still waiting elsewhere, for this one among others, stops at once rather than at its own
+  // deadline, and does not name this live rank as one that sent nothing), and throws it.
+  [[noreturn]] void break_group(const std::string& reason) {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(broken_mutex_);
+      if (broken_.empty()) {
+        broken_ = reason;
+        first = true;
       }
     }
-    fail_past_deadline(what, missing.empty() ? std::string() : "; nothing came from rank(s) " + missing);
+    if (first) {
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        MPI_Request request = MPI_REQUEST_NULL;
+        // Sent from broken_, which stays as it is for the group's life; freeing the request leaves the
+        // send to complete on its own (to a rank that has exited it never does; the program's MPI_Abort
+        // ends it).
+        if (MPI_Isend(broken_.data(), static_cast<int>(std::min<std::size_t>(broken_.size(), 4096)), MPI_CHAR, r, gave_up_tag,
+                      comm_, &request) == MPI_SUCCESS &&
+            request != MPI_REQUEST_NULL)
+          MPI_Request_free(&request);
+      }
+    }
+    detail::fail(reason);
   }
 
-  [[noreturn]] void fail_past_deadline(const char* what, const std::string& detail) const {
-    detail::fail("rank ", rank_, " of ", size_, ": ", what, " did not complete within ", std::chrono::duration<double>(deadline_).count(),
-                 " s: another process has exited, stopped, or is not making the same call (MPI cannot be used "
-                 "reliably after this: end the program, e.g. with MPI_Abort)",
-                 detail);
+  // Whether another rank has given up (its deadline passed): then this one does too, naming it.
+  void poll_notices(const char* what) {
+    int arrived = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, gave_up_tag, comm_, &arrived, &status) != MPI_SUCCESS || !arrived) return;
+    int length = 0;
+    MPI_Get_count(&status, MPI_CHAR, &length);
+    std::string notice(static_cast<std::size_t>(std::max(length, 0)), '\0');
+    MPI_Recv(notice.data(), length, MPI_CHAR, status.MPI_SOURCE, gave_up_tag, comm_, MPI_STATUS_IGNORE);
+    if (!broken_reason().empty()) return;  // broken already: enter() says so
+    break_group(detail::make_message("rank ", rank_, " of ", size_, ": ", what, " stopped: rank ", status.MPI_SOURCE,
+                                     " gave up first (", notice, ")"));
   }
 
-  // Polls the request until it completes or the deadline passes.
+  // Receives and sends every transfer, within the deadline. Past it (or when another rank gives up
+  // meanwhile), the pending requests are cancelled (so that nothing lands in freed memory later), the
+  // group breaks, and the error names the ranks that sent nothing in this operation.
+  void exchange(const std::vector<transfer>& receive_list, const std::vector<transfer>& send_list, int tag, const char* what) {
+    std::vector<MPI_Request> receives(receive_list.size(), MPI_REQUEST_NULL), sends(send_list.size(), MPI_REQUEST_NULL);
+    const auto cancel_pending = [&] {
+      for (std::vector<MPI_Request>* pending : {&receives, &sends}) {
+        for (MPI_Request& request : *pending) {
+          if (request == MPI_REQUEST_NULL) continue;
+          MPI_Cancel(&request);
+          MPI_Request_free(&request);
+        }
+      }
+    };
+    try {
+      for (std::size_t i = 0; i < receive_list.size(); ++i)
+        check(MPI_Irecv(receive_list[i].data == nullptr ? &empty_ : const_cast<void*>(receive_list[i].data),
+                        static_cast<int>(receive_list[i].bytes), MPI_BYTE, receive_list[i].peer, tag, comm_, &receives[i]),
+              what);
+      for (std::size_t i = 0; i < send_list.size(); ++i)
+        check(MPI_Isend(send_list[i].data == nullptr ? &empty_ : send_list[i].data, static_cast<int>(send_list[i].bytes), MPI_BYTE,
+                        send_list[i].peer, tag, comm_, &sends[i]),
+              what);
+      std::size_t receiving = receives.size();
+      const auto start = std::chrono::steady_clock::now();
+      for (;;) {
+        // Each receive on its own, so that its status is read when it completes: a shorter message than
+        // expected is not an MPI error, but a sign that the ranks are not making the same call.
+        for (std::size_t i = 0; i < receives.size() && receiving > 0; ++i) {
+          if (receives[i] == MPI_REQUEST_NULL) continue;
+          int done = 0;
+          MPI_Status status;
+          check(MPI_Test(&receives[i], &done, &status), what);
+          if (!done) continue;
+          --receiving;
+          int count = 0;
+          MPI_Get_count(&status, MPI_BYTE, &count);
+          if (static_cast<std::size_t>(count) != receive_list[i].bytes)
+            detail::fail("rank ", rank_, ": ", what, ": rank ", receive_list[i].peer, " sent ", count, " bytes, ",
+                         receive_list[i].bytes, " expected (the ranks are not making the same call)");
+        }
+        int sent = 0;
+        check(MPI_Testall(static_cast<int>(sends.size()), sends.data(), &sent, MPI_STATUSES_IGNORE), what);
+        if (receiving == 0 && sent) return;
+        if (std::chrono::steady_clock::now() - start > deadline_) break;
+        poll_notices(what);
+        // MPI moves a large message in fragments and makes progress only inside MPI_Test: sleeping
+        // between polls would stall every fragment (a 100 MB exchange took 6x longer with 200 us naps).
+        // Yielding keeps the transfer moving and lets the process's other threads, or other processes, run.
+        std::this_thread::yield();
+      }
+    } catch (...) {
+      cancel_pending();
+      if (!broken_reason().empty()) throw;  // another rank gave up, or this one did (a notice): as it said
+      break_group(detail::current_exception_text());  // an MPI error, or a message of another size
+    }
+    const auto unfinished = [&](std::vector<MPI_Request>& requests, const std::vector<transfer>& list) {
+      std::string ranks;
+      for (std::size_t i = 0; i < requests.size(); ++i) {
+        int done = 0;
+        MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+        if (!done) ranks += (ranks.empty() ? "" : ", ") + std::to_string(list[i].peer);
+      }
+      return ranks;
+    };
+    const std::string silent = unfinished(receives, receive_list), not_taking = unfinished(sends, send_list);
+    cancel_pending();
+    break_group(detail::make_message(
+        "rank ", rank_, " of ", size_, ": ", what, " did not complete within ", std::chrono::duration<double>(deadline_).count(),
+        " s: another process has exited, stopped, or is not making the same call (MPI cannot be used reliably after this: end "
+        "the program, e.g. with MPI_Abort)",
+        silent.empty() ? std::string() : "; nothing came from rank(s) " + silent,
+        silent.empty() && !not_taking.empty() ? "; rank(s) " + not_taking + " did not take what this rank sent" : std::string()));
+  }
+
+  // Polls the request until it completes or the deadline passes (the communicator's duplication).
   void wait(MPI_Request& request, const char* what) const {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
       if (done) return;
-      if (std::chrono::steady_clock::now() - start > deadline_) fail_past_deadline(what, "");
-      // MPI moves a large message in fragments and makes progress only inside MPI_Test: sleeping between
-      // polls would stall every fragment (a 100 MB exchange took 6x longer with 200 us naps). Yielding
-      // keeps the transfer moving and lets the process's other threads, or other processes, run.
+      if (std::chrono::steady_clock::now() - start > deadline_)
+        detail::fail("rank ", rank_, " of ", size_, ": ", what, " did not complete within ",
+                     std::chrono::duration<double>(deadline_).count(), " s: another process has exited or stopped");
       std::this_thread::yield();
     }
   }
@@ -179,19 +298,18 @@ class mpi_process_group final : public process_group {
     detail::fail("rank ", rank_, ": MPI failed in ", what, ": ", std::string(text, static_cast<std::size_t>(length)));
   }
 
-  std::vector<int> ints(const std::vector<std::size_t>& values, const char* what) const {
-    std::vector<int> result;
-    for (std::size_t v : values) {
-      if (v > static_cast<std::size_t>(INT_MAX))
-        detail::fail("rank ", rank_, ": ", what, " would move ", v, " bytes in one MPI message; the limit is 2 GiB");
-      result.push_back(static_cast<int>(v));
-    }
-    return result;
+  std::size_t checked_count(std::size_t bytes, const char* what) const {
+    if (bytes > static_cast<std::size_t>(INT_MAX))
+      detail::fail("rank ", rank_, ": ", what, " would move ", bytes, " bytes in one MPI message; the limit is 2 GiB");
+    return bytes;
   }
 
   std::chrono::milliseconds deadline_;
   int rank_ = 0, size_ = 1;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  char empty_ = 0;  // where a message of no bytes points
+  mutable std::mutex broken_mutex_;
+  std::string broken_;  // the error that broke the group (its own deadline, or another rank's notice); empty: whole
 };
 
 }  // namespace towerpipe

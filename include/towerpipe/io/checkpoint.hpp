@@ -1,21 +1,39 @@
 #pragma once
 // Checkpoints: a pipeline's parameters, optimizer state and step count in one file, loadable into any
 // backend and layout with the same variables and optimizer; resuming reproduces the uninterrupted run
-// bitwise (the step count restores the bias corrections).
+// bitwise (the step count restores the bias corrections). The file also carries the program's own
+// position — whatever bytes it gives as `user_data` (at most 1 MiB: its data cursor, epoch and batch,
+// the random generator's state) — checksummed and written atomically with the rest, so that a program
+// resumes its data where the parameters are. Derive the cursor from it, not from steps_done(): a step
+// that was skipped (a non-finite average, dynamic loss scaling's overflow) consumed a batch but did not
+// count.
+//
+//   towerpipe::save_checkpoint(p, "run.ckpt", cursor_bytes);           // cursor_bytes: std::string
+//   const std::string cursor_bytes = towerpipe::load_checkpoint(p, "run.ckpt");  // "" from files without
 //
 // File (native byte order; written and read on the same kind of machine):
-//   "TWRPCKPT" | u32 format version | u64 header bytes | header | payload | u64 FNV-1a of all before it
+//   "TWRPCKPT" | u32 format version | u64 header bytes | header | payload | user data | u64 FNV-1a of all before it
 // header: text lines "key value...": optimizer, value_bytes, state_slots, steps, loss_scale (scale and
 // good steps; restored where the pipeline scales its loss), written_by (the policies, for information),
-// variables, then "variable NAME DIM..." per variable. payload: every
-// variable's parameters in order, then every state slot's variables in order.
+// variables, then "variable NAME DIM..." per variable, then "user_data BYTES FNV1A" (the user data's size
+// and its own checksum, which names it in the error when it is the part that changed). payload: every
+// variable's parameters in order, then every state slot's variables in order. Versions 1 (no loss_scale
+// line) and 2 (no user_data line) still load, with no user data.
 //
-// Writing is atomic: a uniquely named temporary file beside the target, fsync'ed, renamed over it, and
-// the directory fsync'ed.
+// Writing is atomic: a uniquely named temporary file NAME.tmp.XXXXXX beside the target (mkstemp), locked
+// (flock) while it is written, fsync'ed, renamed over the target, and the directory fsync'ed. A save that
+// was killed leaves its temporary behind; the next successful save to the same target removes those
+// (a checkpoint's size each) — only files that are certainly a killed save's: named NAME.tmp. plus
+// mkstemp's six letters or digits for this very target, regular files (not links), starting with the
+// checkpoint magic, and not locked (a save in progress, in this or another process, holds its lock until
+// its rename). Another target's temporaries, files named otherwise, and empty ones (a save killed before
+// it wrote anything costs no space) are left alone.
 // Reading checks everything — magic, version, size, checksum, optimizer, slots, variable names and
 // shapes — before it changes anything, and says which check failed.
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,8 +58,15 @@ namespace towerpipe {
 namespace detail {
 
 constexpr char checkpoint_magic[8] = {'T', 'W', 'R', 'P', 'C', 'K', 'P', 'T'};
-// Version 2 added the loss_scale line; version 1 files (without it) still load.
-constexpr std::uint32_t checkpoint_version = 2;
+// Version 2 added the loss_scale line, version 3 the user data; older files still load.
+constexpr std::uint32_t checkpoint_version = 3;
+
+}  // namespace detail
+
+// The most bytes of user data a checkpoint carries (a data cursor, an epoch and batch, a generator's state).
+constexpr std::size_t max_checkpoint_user_data = std::size_t(1) << 20;
+
+namespace detail {
 
 template <class T>
 void append_raw(std::string& out, const T& value) {
@@ -62,16 +87,90 @@ inline std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// The file name part of a path.
+inline std::string file_name_of(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Whether `name` is one of write_file_atomically's temporaries for a target named `target_name`: the
+// target's name, ".tmp.", and the six letters or digits mkstemp puts in place of XXXXXX.
+inline bool is_temporary_name_of(const std::string& name, const std::string& target_name) {
+  const std::string prefix = target_name + ".tmp.";
+  if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) return false;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    const char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
+  }
+  return true;
+}
+
+// Removes the temporaries that killed saves to `path` left beside it (see the top of this file for which
+// files are taken as theirs), and returns how many. Never fails: the save that calls it has succeeded.
+inline std::size_t remove_stale_temporaries(const std::string& path) noexcept {
+  const std::string directory = directory_of(path);
+  std::vector<std::string> names;
+  try {
+    const std::string target = file_name_of(path);
+    DIR* listing = ::opendir(directory.c_str());
+    if (listing == nullptr) return 0;
+    while (const dirent* entry = ::readdir(listing)) {
+      if (is_temporary_name_of(entry->d_name, target)) names.emplace_back(entry->d_name);
+    }
+    ::closedir(listing);
+  } catch (...) {  // out of memory while listing: nothing removed
+    return 0;
+  }
+  std::size_t removed = 0;
+  for (const std::string& name : names) {
+    std::string file;
+    try {
+      file = directory + "/" + name;
+    } catch (...) {
+      return removed;
+    }
+    const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;  // gone meanwhile, a link, or not ours to read
+    struct stat opened {};
+    char head[sizeof checkpoint_magic] = {};
+    // Empty or shorter than the magic: perhaps a save that has just created it (it writes only once it
+    // holds the lock), so not even locked to look. A save in progress holds the lock: LOCK_NB fails.
+    const bool ours = ::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) &&
+                      opened.st_size >= static_cast<off_t>(sizeof checkpoint_magic) && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+                      ::pread(fd, head, sizeof head, 0) == static_cast<ssize_t>(sizeof head) &&
+                      std::memcmp(head, checkpoint_magic, sizeof head) == 0;
+    // Still the file that was opened under that name (not renamed over the target by a save that finished
+    // between the open and the lock, its name taken by nothing else): removed while the lock is held.
+    struct stat named {};
+    if (ours && ::lstat(file.c_str(), &named) == 0 && named.st_dev == opened.st_dev && named.st_ino == opened.st_ino &&
+        ::unlink(file.c_str()) == 0)
+      ++removed;
+    ::close(fd);
+  }
+  return removed;
+}
+
 // Writes `bytes` to `path` atomically: a uniquely named temporary beside it (mkstemp: two saves to one
-// path never share it), fsync, rename, then fsync of the directory so that the rename itself is durable.
+// path never share it), locked while it exists under that name (so that no other save takes it for a
+// killed one's), fsync, rename, then fsync of the directory so that the rename itself is durable; then
+// the temporaries that killed saves to `path` left are removed.
 inline void write_file_atomically(const std::string& path, const std::string& bytes) {
   std::string temporary = path + ".tmp.XXXXXX";
   const int fd = ::mkstemp(temporary.data());
   if (fd < 0) fail("checkpoint ", path, ": cannot create a temporary file beside it: ", std::strerror(errno));
+  // The lock is taken before anything is written, and held (through `lock`, which shares the open file
+  // with fd) until after the rename. Where the file system has no flock it is not taken, and the clean-up
+  // of other saves, which cannot take it either, removes nothing there.
+  int lock = -1;
+  if (::flock(fd, LOCK_EX) == 0) lock = ::dup(fd);
+  const auto release = [&] {
+    if (lock >= 0) ::close(lock);
+  };
   const auto give_up = [&](const char* what) {
     const std::string reason = std::strerror(errno);
     ::close(fd);
     ::unlink(temporary.c_str());
+    release();
     fail("checkpoint ", path, ": ", what, " failed: ", reason);
   };
   if (::fchmod(fd, 0644) != 0) give_up("chmod");
@@ -85,13 +184,16 @@ inline void write_file_atomically(const std::string& path, const std::string& by
   if (::close(fd) != 0) {
     const std::string reason = std::strerror(errno);
     ::unlink(temporary.c_str());
+    release();
     fail("checkpoint ", path, ": close failed: ", reason);
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     const std::string reason = std::strerror(errno);
     ::unlink(temporary.c_str());
+    release();
     fail("checkpoint ", path, ": rename failed: ", reason);
   }
+  release();
   const std::string directory = directory_of(path);
   const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir < 0) fail("checkpoint ", path, ": written, but its directory cannot be opened to sync: ", std::strerror(errno));
@@ -99,6 +201,7 @@ inline void write_file_atomically(const std::string& path, const std::string& by
   const std::string reason = synced ? "" : std::strerror(errno);
   ::close(dir);
   if (!synced) fail("checkpoint ", path, ": written, but syncing its directory failed: ", reason);
+  remove_stale_temporaries(path);
 }
 
 // The whole of a regular file; any failure (missing, a directory, a read error) is a towerpipe::error.
@@ -136,9 +239,15 @@ inline std::string describe_variables(const variable_set& variables) {
 
 namespace detail {
 
-// The checkpoint file's bytes (see the top) for a pipeline.
+inline std::string hex64(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+// The checkpoint file's bytes (see the top) for a pipeline, with the program's `user_data`.
 template <class Pipeline>
-std::string checkpoint_bytes(const Pipeline& pipeline) {
+std::string checkpoint_bytes(const Pipeline& pipeline, const std::string& user_data = std::string()) {
   using T = typename Pipeline::master_type;
   // The window's running sum is not saved: resuming from here would start a new window and shift every
   // later one.
@@ -155,7 +264,8 @@ std::string checkpoint_bytes(const Pipeline& pipeline) {
          << "written_by exec::" << Pipeline::exec_policy::name << " reduce::" << pipeline.backend_name()
          << " layout::" << Pipeline::layout_policy::name << "\n"
          << "variables " << variables.count() << "\n"
-         << detail::describe_variables(variables);
+         << detail::describe_variables(variables)
+         << "user_data " << user_data.size() << " " << detail::hex64(fnv1a(user_data.data(), user_data.size())) << "\n";
   const std::string header_text = header.str();
 
   std::string bytes(detail::checkpoint_magic, sizeof detail::checkpoint_magic);
@@ -167,6 +277,12 @@ std::string checkpoint_bytes(const Pipeline& pipeline) {
   for (std::size_t slot = 0; slot < pipeline.optimizer_state_slots(); ++slot) {
     for (std::size_t v = 0; v < variables.count(); ++v) append_view(pipeline.optimizer_state(slot, v));
   }
+  // Checked once the state is gathered (a collective with reduce::sharded across processes, which every
+  // process joins whatever its user data).
+  if (user_data.size() > max_checkpoint_user_data)
+    detail::fail("checkpoint: ", user_data.size(), " bytes of user data, at most ", max_checkpoint_user_data,
+                 " (a data cursor, not data: keep large state in a file of its own)");
+  bytes += user_data;
   detail::append_raw(bytes, fnv1a(bytes.data(), bytes.size()));
   return bytes;
 }
@@ -176,17 +292,30 @@ std::string checkpoint_bytes(const Pipeline& pipeline) {
 // With reduce::sharded over several processes, saving is collective (each process holds a slice of the
 // optimizer state): every process calls it, and those given this_process_writes = false only help
 // gather (e.g. all but rank 0, where the processes share a file system).
+// user_data: the program's own bytes (at most max_checkpoint_user_data), which load_checkpoint returns:
+// where its data stands (see the top). The writing process's are written.
+template <class Pipeline>
+void save_checkpoint(const Pipeline& pipeline, const std::string& path, const std::string& user_data,
+                     bool this_process_writes = true) {
+  const std::string bytes = detail::checkpoint_bytes(pipeline, user_data);
+  if (this_process_writes) detail::write_file_atomically(path, bytes);
+}
+// (A string literal as user data: without this overload it would convert to this_process_writes.)
+template <class Pipeline>
+void save_checkpoint(const Pipeline& pipeline, const std::string& path, const char* user_data, bool this_process_writes = true) {
+  save_checkpoint(pipeline, path, std::string(user_data), this_process_writes);
+}
 template <class Pipeline>
 void save_checkpoint(const Pipeline& pipeline, const std::string& path, bool this_process_writes = true) {
-  const std::string bytes = detail::checkpoint_bytes(pipeline);
-  if (this_process_writes) detail::write_file_atomically(path, bytes);
+  save_checkpoint(pipeline, path, std::string(), this_process_writes);
 }
 
 namespace detail {
 
 // load_checkpoint on bytes already read; `path` names them in messages (the fuzz harness calls this).
+// Returns the user data.
 template <class Pipeline>
-void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const std::string& path) {
+std::string load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const std::string& path) {
   using T = typename Pipeline::master_type;
   const auto reject = [&](const auto&... why) { detail::fail("checkpoint ", path, ": ", why...); };
 
@@ -196,8 +325,8 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
     reject("not a towerpipe checkpoint (no TWRPCKPT magic)");
   if (bytes.size() < preamble) reject("truncated: ", bytes.size(), " bytes, not even a header");
   const auto version = detail::read_raw<std::uint32_t>(bytes, sizeof detail::checkpoint_magic);
-  if (version != 1 && version != detail::checkpoint_version)
-    reject("format version ", version, ", this build reads versions 1 and ", detail::checkpoint_version);
+  if (version < 1 || version > detail::checkpoint_version)
+    reject("format version ", version, ", this build reads versions 1 to ", detail::checkpoint_version);
   const auto header_size = detail::read_raw<std::uint64_t>(bytes, preamble - sizeof(std::uint64_t));
   if (header_size > bytes.size() - preamble) reject("truncated inside the header");
 
@@ -250,6 +379,22 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
       reject("unreadable header: ", e.message());
     }
   }
+  // Version 3: the user data's size and checksum; none before.
+  std::size_t user_bytes = 0;
+  std::uint64_t user_checksum = fnv1a_basis;  // of no bytes
+  if (version >= 3) {
+    const std::string text = field("user_data");
+    std::istringstream values(text);
+    long long size = -1;
+    std::string hex;
+    if (!(values >> size >> hex) || !(values >> std::ws).eof() || size < 0 || hex.size() != 16 ||
+        hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+      reject("unreadable header: 'user_data' is '", text, "' (a size and a 16-digit checksum)");
+    if (static_cast<unsigned long long>(size) > max_checkpoint_user_data)
+      reject("unreadable header: ", size, " bytes of user data, at most ", max_checkpoint_user_data);
+    user_bytes = static_cast<std::size_t>(size);
+    user_checksum = std::stoull(hex, nullptr, 16);
+  }
   if (optimizer_name != Pipeline::optimizer::name)
     reject("written by optimizer ", optimizer_name, ", this pipeline uses ", Pipeline::optimizer::name);
   if (value_bytes != sizeof(T)) reject("holds ", value_bytes, "-byte values, this pipeline ", sizeof(T), "-byte ones");
@@ -265,12 +410,16 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
   }
 
   const std::size_t payload = (1 + slots) * mine.total_size() * sizeof(T);
-  const std::size_t expected = preamble + header_size + payload + sizeof(std::uint64_t);
+  const std::size_t expected = preamble + header_size + payload + user_bytes + sizeof(std::uint64_t);
   if (bytes.size() != expected)
     reject(bytes.size() < expected ? "truncated: " : "too long: ", bytes.size(), " bytes, expected ", expected);
+  const std::size_t user_at = preamble + header_size + payload;
   if (detail::read_raw<std::uint64_t>(bytes, expected - sizeof(std::uint64_t)) !=
-      fnv1a(bytes.data(), expected - sizeof(std::uint64_t)))
+      fnv1a(bytes.data(), expected - sizeof(std::uint64_t))) {
+    if (fnv1a(bytes.data() + user_at, user_bytes) != user_checksum)
+      reject("corrupted: checksum mismatch (in the user data: the ", user_bytes, " bytes the program saved with it)");
     reject("corrupted: checksum mismatch");
+  }
 
   // The file is whole: the pipeline checks the step count and the loss scale against its own rules, then
   // applies everything at once or, refusing, changes nothing.
@@ -281,13 +430,17 @@ void load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, const s
   } catch (const error& e) {
     reject(e.message());
   }
+  return bytes.substr(user_at, user_bytes);
 }
 
 }  // namespace detail
 
+// Loads the checkpoint at `path` into `pipeline` (everything is checked first: on an error nothing
+// changes) and returns the user data it was saved with; empty where it had none (and from files of
+// format versions 1 and 2).
 template <class Pipeline>
-void load_checkpoint(Pipeline& pipeline, const std::string& path) {
-  detail::load_checkpoint_bytes(pipeline, detail::read_whole_file(path), path);
+std::string load_checkpoint(Pipeline& pipeline, const std::string& path) {
+  return detail::load_checkpoint_bytes(pipeline, detail::read_whole_file(path), path);
 }
 
 }  // namespace towerpipe

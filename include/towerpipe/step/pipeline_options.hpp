@@ -17,6 +17,10 @@ namespace sim {
 class machine;  // executor/simulated/machine.hpp
 }  // namespace sim
 
+// The most trials pipeline_options::time_backends takes: each one runs every candidate's reduction of the
+// first step again, and the median of a few already tells them apart.
+constexpr std::size_t max_time_backends = 100;
+
 // What a step does when the towers' averaged gradient holds an infinity or a NaN.
 enum class nonfinite_policy {
   skip,         // the step changes nothing (parameters, optimizer state, replicas, step count) and says where
@@ -90,7 +94,7 @@ struct pipeline_options {
   // from the parameters, optimizer state and gradients the step began with, so the step is applied
   // once: training is bitwise the same as without timing, the tower functions run once, and only that
   // step takes longer. Every bucket of that step is reduced after the towers. Not with
-  // accumulation_steps > 1.
+  // accumulation_steps > 1. At most max_time_backends (100).
   std::size_t time_backends = 0;
 
   // reduce::sharded: the processes the towers span (comm/mpi.hpp: mpi_process_group; for GPU towers also

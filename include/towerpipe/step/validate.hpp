@@ -20,6 +20,9 @@ inline void validate(const pipeline_options& options, std::size_t towers, std::s
   if (options.loss_scale.mode == loss_scale_mode::dynamic && options.on_nonfinite != nonfinite_policy::skip)
     fail("dynamic loss scaling skips the steps that overflow by design: it needs on_nonfinite = skip");
   if (options.accumulation_steps == 0) fail("pipeline_options::accumulation_steps must be >= 1");
+  if (options.time_backends > max_time_backends)
+    fail("pipeline_options::time_backends is ", options.time_backends, ": at most ", max_time_backends,
+         " trials (each runs every candidate backend's reduction of the first step again; the median of a few tells them apart)");
   if (options.time_backends > 0 && options.accumulation_steps > 1)
     fail("pipeline_options::time_backends times whole optimizer steps: it does not take accumulation_steps > 1 (",
          options.accumulation_steps, " given)");
