@@ -321,7 +321,8 @@ void check_across_processes(int ranks, std::size_t local, const run_case& c, std
     pipeline<exec::simulated, reduce::sharded, optim::adam, Layout> p(sim_variables, sim_inputs, local, {}, options);
     for (std::size_t v = 0; v < initial.size(); ++v) p.set_parameter(v, initial[v].data(), initial[v].size());
     const batch_part part = p.process_part(examples);
-    const std::vector<float> x(examples, 1.0f);
+    std::vector<float> x(examples);
+    for (std::size_t e = 0; e < examples; ++e) x[e] = static_cast<float>(e);  // each rank's part its own
     for (int s = 0; s < c.steps; ++s) {
       batch b;
       b.add("x", x.data() + part.first, part.examples, {1});
