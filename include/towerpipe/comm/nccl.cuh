@@ -75,7 +75,7 @@ class nccl_process_group final : public process_group, public device_collectives
   // A communicator of its own is finalised (flushing what it has queued) within the deadline, else aborted.
   ~nccl_process_group() override {
     if (!owned_ || comm_ == nullptr) return;
-    detail::device_guard on(device_);
+    const detail::device_guard on(device_, std::nothrow);
     const auto start = std::chrono::steady_clock::now();
     ncclResult_t state = ncclCommFinalize(comm_);
     while (state == ncclInProgress && std::chrono::steady_clock::now() - start <= deadline_) {

@@ -2,9 +2,12 @@
 // Arithmetic with one rounding per operation, identical on host and device, for float and double.
 //
 // Bitwise-equal results across backends (README.md, invariant 2) need every add and multiply to be
-// rounded separately: no fused multiply-add. On the device the __f*_rn / __d*_rn intrinsics are never
-// contracted; on the host these functions live in an exact-arithmetic region (core/exact_arithmetic.hpp)
-// that keeps the compiler from fusing them, whatever the user's flags.
+// rounded separately: no fused multiply-add, and subnormals kept. On the device, float operations are
+// inline PTX without .ftz (nvcc's -ftz=true and -use_fast_math flush subnormals even in the __f*_rn
+// intrinsics, and define no macro to detect it: ctest cuda.no_flush_under_fast_math checks the PTX);
+// double's __d*_rn intrinsics are never contracted nor flushed. On the host these functions live in an
+// exact-arithmetic region (core/exact_arithmetic.hpp) that keeps the compiler from fusing them, whatever
+// the user's flags.
 
 #include <cmath>
 
@@ -34,11 +37,30 @@ TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 namespace detail {
 
-TOWERPIPE_HOST_DEVICE inline float rounded_add(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fadd_rn(a, b), a + b) }
-TOWERPIPE_HOST_DEVICE inline float rounded_sub(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fsub_rn(a, b), a - b) }
-TOWERPIPE_HOST_DEVICE inline float rounded_mul(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fmul_rn(a, b), a * b) }
-TOWERPIPE_HOST_DEVICE inline float rounded_div(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(__fdiv_rn(a, b), a / b) }
-TOWERPIPE_HOST_DEVICE inline float rounded_sqrt(float a) { TOWERPIPE_DEVICE_OR_HOST(__fsqrt_rn(a), TOWERPIPE_HOST_SQRTF(a)) }
+#if defined(__CUDACC__)
+#define TOWERPIPE_PTX_FLOAT_BINARY(name, instruction)                                      \
+  __device__ inline float name(float a, float b) {                                         \
+    float r;                                                                                \
+    asm(instruction " %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                             \
+    return r;                                                                               \
+  }
+TOWERPIPE_PTX_FLOAT_BINARY(ptx_add, "add.rn.f32")
+TOWERPIPE_PTX_FLOAT_BINARY(ptx_sub, "sub.rn.f32")
+TOWERPIPE_PTX_FLOAT_BINARY(ptx_mul, "mul.rn.f32")
+TOWERPIPE_PTX_FLOAT_BINARY(ptx_div, "div.rn.f32")
+#undef TOWERPIPE_PTX_FLOAT_BINARY
+__device__ inline float ptx_sqrt(float a) {
+  float r;
+  asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+#endif
+
+TOWERPIPE_HOST_DEVICE inline float rounded_add(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(ptx_add(a, b), a + b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_sub(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(ptx_sub(a, b), a - b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_mul(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(ptx_mul(a, b), a * b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_div(float a, float b) { TOWERPIPE_DEVICE_OR_HOST(ptx_div(a, b), a / b) }
+TOWERPIPE_HOST_DEVICE inline float rounded_sqrt(float a) { TOWERPIPE_DEVICE_OR_HOST(ptx_sqrt(a), TOWERPIPE_HOST_SQRTF(a)) }
 TOWERPIPE_HOST_DEVICE inline double rounded_add(double a, double b) { TOWERPIPE_DEVICE_OR_HOST(__dadd_rn(a, b), a + b) }
 TOWERPIPE_HOST_DEVICE inline double rounded_sub(double a, double b) { TOWERPIPE_DEVICE_OR_HOST(__dsub_rn(a, b), a - b) }
 TOWERPIPE_HOST_DEVICE inline double rounded_mul(double a, double b) { TOWERPIPE_DEVICE_OR_HOST(__dmul_rn(a, b), a * b) }

@@ -25,13 +25,15 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
        sticky ? "; the CUDA context is unusable from now on" : "");
 }
 
-inline void release_cuda(cudaError_t status, const char* call, const char* file, int line) noexcept {
-  if (status == cudaSuccess) return;
+// Returns whether the call succeeded.
+inline bool release_cuda(cudaError_t status, const char* call, const char* file, int line) noexcept {
+  if (status == cudaSuccess) return true;
   cudaGetLastError();
   try {
     log_warning(make_message(call, " failed at ", file, ":", line, ": ", cudaGetErrorName(status), " (cleared)"));
   } catch (...) {  // a destructor must not throw, not even for a log line
   }
+  return false;
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <new>
 #include <utility>
 
 #include "towerpipe/core/error.hpp"
@@ -23,19 +24,51 @@ inline int cuda_device_count() {
   return count;
 }
 
-// Makes `device` current for the guard's lifetime.
+// Whether `device`'s primary context is active, from the driver (cuDevicePrimaryCtxGetState, found
+// through the runtime, so that nothing links libcuda); true where the driver cannot say.
+inline bool primary_context_active(int device) noexcept {
+  using get_state = int (*)(int, unsigned int*, int*);  // CUresult (CUdevice, unsigned*, int*)
+  static const get_state query = [] {
+    void* found = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &found, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return get_state{};
+    }
+    return reinterpret_cast<get_state>(found);
+  }();
+  unsigned int flags = 0;
+  int active = 1;
+  return query == nullptr || query(device, &flags, &active) != 0 || active != 0;
+}
+
+// Makes `device` current for the guard's lifetime, then the device current before — only where that
+// device's context is active: since CUDA 12 cudaSetDevice creates the context, and restoring device 0
+// on a fresh thread would give every process a context on GPU 0. The std::nothrow form, for
+// destructors, reports a failure through the log sink instead of throwing.
 class device_guard {
  public:
   explicit device_guard(int device) {
     TOWERPIPE_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (device != previous_) TOWERPIPE_CUDA_CHECK(cudaSetDevice(device));
+    if (device == previous_) return;
+    restore_ = primary_context_active(previous_);
+    TOWERPIPE_CUDA_CHECK(cudaSetDevice(device));
   }
-  ~device_guard() { TOWERPIPE_CUDA_RELEASE(cudaSetDevice(previous_)); }
+  device_guard(int device, std::nothrow_t) noexcept {
+    if (!TOWERPIPE_CUDA_RELEASE(cudaGetDevice(&previous_)) || device == previous_) return;
+    restore_ = primary_context_active(previous_);
+    if (!TOWERPIPE_CUDA_RELEASE(cudaSetDevice(device))) restore_ = false;
+  }
+  ~device_guard() {
+    if (restore_) TOWERPIPE_CUDA_RELEASE(cudaSetDevice(previous_));
+  }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
 
  private:
   int previous_ = 0;
+  bool restore_ = false;
 };
 
 class cuda_stream {
@@ -49,7 +82,7 @@ class cuda_stream {
   cuda_stream(const Executor&, int device, const char* = "") : cuda_stream(device) {}
   ~cuda_stream() {
     if (stream_ == nullptr) return;
-    device_guard on(device_);
+    const device_guard on(device_, std::nothrow);
     TOWERPIPE_CUDA_RELEASE(cudaStreamDestroy(stream_));
   }
   cuda_stream(cuda_stream&& other) noexcept
@@ -75,7 +108,7 @@ class cuda_event {
   cuda_event(const Executor&, int device, bool timing = false) : cuda_event(device, timing) {}
   ~cuda_event() {
     if (event_ == nullptr) return;
-    device_guard on(device_);
+    const device_guard on(device_, std::nothrow);
     TOWERPIPE_CUDA_RELEASE(cudaEventDestroy(event_));
   }
   cuda_event(cuda_event&& other) noexcept : device_(other.device_), event_(std::exchange(other.event_, nullptr)) {}

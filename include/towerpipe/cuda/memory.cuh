@@ -35,8 +35,8 @@ struct cuda_device_memory {
 
   struct free_on_device {
     int device;
-    void operator()(void* pointer) const {
-      detail::device_guard on(device);
+    void operator()(void* pointer) const noexcept {
+      const detail::device_guard on(device, std::nothrow);
       TOWERPIPE_CUDA_RELEASE(cudaFree(pointer));
     }
   };
@@ -64,18 +64,37 @@ struct cuda_device_memory {
 
 struct cuda_pinned_memory {
   struct free_pinned {
-    void operator()(void* pointer) const { TOWERPIPE_CUDA_RELEASE(cudaFreeHost(pointer)); }
+    void operator()(void* pointer) const noexcept {
+      const detail::device_guard on(device_with_context(), std::nothrow);
+      TOWERPIPE_CUDA_RELEASE(cudaFreeHost(pointer));
+    }
   };
   template <class T>
   using owner = std::unique_ptr<T[], free_pinned>;
 
+  // Allocated under a device whose context exists already (the current one where it does): page-locked
+  // memory is every device's under unified addressing, and allocating it would otherwise create the
+  // current device's context — on a fresh thread device 0's, in every process.
   template <class T>
   owner<T> allocate(std::size_t count, std::size_t /*alignment: page-aligned anyway*/ = 0) const {
+    const detail::device_guard on(device_with_context(), std::nothrow);  // a failure shows in the allocation
     void* raw = nullptr;
     const std::size_t bytes = count == 0 ? 1 : count * sizeof(T);
     TOWERPIPE_CUDA_CHECK(cudaMallocHost(&raw, bytes));
     std::memset(raw, 0, bytes);
     return owner<T>(static_cast<T*>(raw), free_pinned{});
+  }
+
+ private:
+  static int device_with_context() noexcept {
+    int current = 0, count = 0;
+    if (!TOWERPIPE_CUDA_RELEASE(cudaGetDevice(&current)) || detail::primary_context_active(current) ||
+        !TOWERPIPE_CUDA_RELEASE(cudaGetDeviceCount(&count)))
+      return current;
+    for (int d = 0; d < count; ++d) {
+      if (detail::primary_context_active(d)) return d;
+    }
+    return current;
   }
 };
 

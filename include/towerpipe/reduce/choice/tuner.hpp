@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
+#include "towerpipe/layout/precision.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
 
 namespace towerpipe {
