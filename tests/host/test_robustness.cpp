@@ -37,6 +37,47 @@ batch ones(const std::vector<float>& x) {
 
 }  // namespace
 
+// A reducer whose clean-up after a failed step fails too, as a device reducer's does after a sticky CUDA
+// error (its own synchronisation reports the fault again).
+namespace failing_cleanup {
+struct policy {
+  using policy_kind = detail::reduce_policy_kind;
+  static constexpr const char* name = "failing_cleanup";
+};
+template <class Optim, class Layout>
+struct reducer : detail::host_reducer<Optim, Layout> {
+  using detail::host_reducer<Optim, Layout>::host_reducer;
+  void abandon(typename detail::host_reducer<Optim, Layout>::towers_type&) { detail::fail("the clean-up failed as well"); }
+};
+}  // namespace failing_cleanup
+
+namespace towerpipe {
+template <class Optim, class Layout>
+struct reducer_for<exec::host, failing_cleanup::policy, Optim, Layout> {
+  using type = failing_cleanup::reducer<Optim, Layout>;
+};
+}  // namespace towerpipe
+
+TEST_CASE("a step fails with its first error when the reducer's clean-up fails too", "[robustness][pipeline]") {
+  using cleanup_trainer = pipeline<exec::host, failing_cleanup::policy, optim::sgd, layout::flat<float>>;
+  cleanup_trainer p({{"w", {2}}}, inputs, 2, {});
+  const std::vector<float> x(4, 1.0f);
+  const auto tower_1_breaks = [](cleanup_trainer::tower_context& tower) -> double {
+    tower.zeroed_gradient(0);
+    if (tower.tower() == 1) throw std::runtime_error("tower 1's model broke");
+    return 0.0;
+  };
+  try {
+    p.step(ones(x), tower_1_breaks);
+    FAIL("the step did not fail");
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    CHECK(what.find("tower 1's model broke") != std::string::npos);
+    CHECK(what.find("the clean-up failed as well") == std::string::npos);
+  }
+  CHECK(p.steps_done() == 0);
+}
+
 TEST_CASE("a pool that cannot start its threads throws instead of hanging", "[robustness][thread]") {
   // In a child process limited to one process per user (after dropping root, which ignores the limit),
   // ask for 64 threads; a hang is caught by the alarm, and reported as a failure here.

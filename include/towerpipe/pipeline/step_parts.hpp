@@ -124,15 +124,18 @@ class step_parts final : public tower_ready_listener {
   // When the towers had ended (after_towers began).
   step_clock::time_point towers_ended() const { return towers_ended_; }
 
-  // After a failure anywhere in the step: the buckets in flight waited for (a failure among them is
-  // dropped: the step fails with the first error), the reducer's enqueued work too; returns how many
-  // buckets were reduced.
+  // After a failure anywhere in the step: the buckets in flight waited for, the reducer's enqueued work
+  // too; returns how many buckets were reduced. A failure of either is dropped: the step fails with the
+  // first error (after a sticky CUDA error, the reducer's own synchronisation reports the fault again).
   std::size_t abandon() {
     try {
       worker_.drain();
     } catch (...) {
     }
-    reducer_.abandon(towers_);
+    try {
+      reducer_.abandon(towers_);
+    } catch (...) {
+    }
     std::size_t count = 0;
     for (char done : reduced_) count += done != 0;
     return count;
