@@ -22,7 +22,7 @@ inline void use_single_threaded_gemm() {
 }
 
 // The BLAS the GEMMs go through and the kernel it took for this CPU: what the towers' arithmetic, and
-// so the parameters checksum, depends on (README.md, "Quick start").
+// so the parameters checksum, depends on (docs/troubleshooting.md, "OpenBLAS and train's checksum").
 inline std::string gemm_backend() {
 #if defined(TOWERPIPE_EXAMPLES_CBLAS) && defined(OPENBLAS_VERSION)
   return std::string(openblas_get_config()) + ", kernel " + openblas_get_corename();

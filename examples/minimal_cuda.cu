@@ -1,6 +1,6 @@
 // towerpipe in one page, on GPU towers: the linear regression of minimal_host.cpp with the gradients
 // computed by a kernel on each tower's stream and reduce::device0's fused average + Adam + broadcast.
-// The README points to this file; CI compiles it. Exits 77 where no CUDA device is visible.
+// docs/guide.md points to this file; CI compiles it. Exits 77 where no CUDA device is visible.
 #include <towerpipe/cuda.cuh>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// The shared per-element functions (README.md, invariant 4) give the device bitwise the host's
+// The shared per-element functions (docs/guide.md, invariant 4) give the device bitwise the host's
 // results: each optimizer's update over many steps, and the canonical tower sum.
 #include <towerpipe/towerpipe.hpp>
 

@@ -1,4 +1,4 @@
-// The canonical summation order (README.md, invariant 2): the tree sum written here from its
+// The canonical summation order (docs/guide.md, invariant 2): the tree sum written here from its
 // definition must equal what the library computes, bitwise, directly and through whole pipelines.
 #include <towerpipe/kernels/agents.hpp>
 #include <towerpipe/plan/canonical_order.hpp>

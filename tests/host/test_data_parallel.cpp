@@ -1,4 +1,4 @@
-// Data-parallel equivalence (README.md, invariant 3): N towers on a batch of B train a real small
+// Data-parallel equivalence (docs/guide.md, invariant 3): N towers on a batch of B train a real small
 // model (examples/mlp.hpp, hand-written forward and backward) to the same parameters, within float
 // rounding, as one tower on the whole batch — also for uneven batches split with weights b_i / B; and
 // the model's backward pass marks each layer ready as it finishes it, which changes no bit.

@@ -6,7 +6,7 @@
 #define TOWERPIPE_VERSION_MINOR 1
 #define TOWERPIPE_VERSION_PATCH 0
 
-// Functions that the host loops and the CUDA kernels both call (README.md, invariant 4).
+// Functions that the host loops and the CUDA kernels both call (docs/guide.md, invariant 4).
 #if defined(__CUDACC__)
 #define TOWERPIPE_HOST_DEVICE __host__ __device__
 #else

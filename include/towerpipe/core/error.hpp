@@ -1,5 +1,5 @@
 #pragma once
-// towerpipe::error — the one exception type the library throws (README.md, invariant 5).
+// towerpipe::error — the one exception type the library throws (docs/guide.md, invariant 5).
 // Messages name what went wrong and where: tower, variable, input, shapes.
 
 #include <cstdio>

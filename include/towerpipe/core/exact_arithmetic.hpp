@@ -1,6 +1,6 @@
 #pragma once
 // Keeps the library's own floating-point arithmetic exact — one rounding per operation, no fused
-// multiply-add — whatever flags the user's code is compiled with (README.md, invariant 2).
+// multiply-add — whatever flags the user's code is compiled with (docs/guide.md, invariant 2).
 //
 // Code between TOWERPIPE_EXACT_ARITHMETIC_BEGIN and _END (the per-element optimizer updates, the
 // canonical sum, the multi-tensor agents and the host pass):

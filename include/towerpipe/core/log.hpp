@@ -1,6 +1,6 @@
 #pragma once
 // Where the library's rare warnings and notes go (say, "no peer access between devices 0 and 1: staged copies").
-// Nothing is printed by default (README.md, invariant 5): install a sink to see them, e.g.
+// Nothing is printed by default (docs/guide.md, invariant 5): install a sink to see them, e.g.
 //   towerpipe::set_log_sink([](const std::string& line) { std::cerr << line << '\n'; });
 //
 // The library calls the sink from inside its steps, constructors and clean-up paths (reduce::automatic's

@@ -1,7 +1,7 @@
 #pragma once
 // Arithmetic with one rounding per operation, identical on host and device, for float and double.
 //
-// Bitwise-equal results across backends (README.md, invariant 2) need every add and multiply to be
+// Bitwise-equal results across backends (docs/guide.md, invariant 2) need every add and multiply to be
 // rounded separately: no fused multiply-add, and subnormals kept. On the device, float operations are
 // inline PTX without .ftz (nvcc's -ftz=true and -use_fast_math flush subnormals even in the __f*_rn
 // intrinsics, and define no macro to detect it: ctest cuda.no_flush_under_fast_math checks the PTX);

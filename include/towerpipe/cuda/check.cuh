@@ -1,6 +1,6 @@
 #pragma once
 // TOWERPIPE_CUDA_CHECK(call): a failed CUDA runtime call becomes a towerpipe::error that names the
-// call, the file and line, and the CUDA error (README.md, invariant 5). A failure that CUDA keeps
+// call, the file and line, and the CUDA error (docs/guide.md, invariant 5). A failure that CUDA keeps
 // reporting afterwards (a sticky error: the context is lost, the process must restart) is said so.
 
 #include <cuda_runtime.h>

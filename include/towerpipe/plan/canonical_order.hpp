@@ -1,5 +1,5 @@
 #pragma once
-// The one summation order over towers that every backend follows (README.md, invariant 2).
+// The one summation order over towers that every backend follows (docs/guide.md, invariant 2).
 //
 // Definition: start with s_i = w_i * g_i; in round r = 0, 1, ..., every i divisible by 2^(r+1) with
 // i + 2^r < N does s_i = s_i + s_(i + 2^r); the result is s_0. This is the p2p tree's own order, so a

@@ -81,10 +81,10 @@ struct pipeline_options {
 
   // Gradient buckets (plan/buckets.hpp): which variables are reduced together once every tower has
   // marked them ready (tower_context::gradient_ready). By default reverse declaration order, at most
-  // 25 MiB of gradient a bucket. Results are bitwise the same for every choice.
+  // 25 MiB of gradient a bucket, the first at most 1 MiB. Results are bitwise the same for every choice.
   gradient_buckets buckets;
-  // Whether a bucket is reduced while the towers still run (reduce::host with host towers; the other
-  // backends reduce after the towers), or every bucket after them. false changes no result.
+  // Whether a bucket is reduced while the towers still run (every backend can; docs/guide.md says where
+  // one reduces after the towers instead), or every bucket after them. false changes no result.
   bool overlap_reduction = true;
 
   // reduce::automatic: time each candidate backend this many times on the first step that applies the

@@ -7,7 +7,7 @@
 // sums in the canonical order, applies the optimizer with the owner's state, and writes the new slice
 // into every tower's replica (peer writes). As for device0, the master copy of the parameters is tower
 // 0's replica: each owner reads its slice there. The agents and the tree are device0's, element for element,
-// so the result is bitwise device0's (README.md, invariant 2); only who computes which element differs.
+// so the result is bitwise device0's (docs/guide.md, invariant 2); only who computes which element differs.
 //
 // Mixed precision (bf16/fp16 towers: layout::flat<bfloat16>, layout::per_variable<float16>, ...): as
 // device0, every step is a checked one and the master is fp32 of its own — here each owner keeps its

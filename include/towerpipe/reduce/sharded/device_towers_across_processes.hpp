@@ -13,7 +13,7 @@
 //   4. the gather: every process gets every slice, then copies the whole into each of its towers'
 //      replicas.
 // The element programs are those of one process, element for element, so the parameters are bitwise
-// those of one process with all R * L towers (README.md, invariant 2), whatever the transport.
+// those of one process with all R * L towers (docs/guide.md, invariant 2), whatever the transport.
 //
 // The transport is the group's: a group that moves device memory itself (comm/nccl.cuh) keeps the
 // exchange on the devices; any other (comm/mpi.hpp) is staged through pinned host memory

@@ -3,7 +3,7 @@
 // comm/process_group.hpp; one process without it), for host towers (reduce/sharded/host_towers.hpp) and device towers
 // (reduce/sharded/device_towers_across_processes.hpp); or, for device towers in one process, over their
 // devices (reduce/sharded/device_towers.hpp).
-// Bitwise equal to one process with the same total towers (README.md, invariant 2), whatever the process
+// Bitwise equal to one process with the same total towers (docs/guide.md, invariant 2), whatever the process
 // count.
 //
 // The partition is the one of GPU towers across processes (plan/exchange_plan.hpp): the variables'
