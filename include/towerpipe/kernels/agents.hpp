@@ -3,11 +3,7 @@
 // device backends run over a chunk table — a CUDA block per chunk, a thread per group of elements
 // (cuda/multi_tensor_kernel.cuh, the schedule) — and that tests run over the same tables on the host.
 // Plain C++ (usable without nvcc); TOWERPIPE_HOST_DEVICE marks what kernels call.
-//
-// A checked step (kernels/screen.hpp) averages first and applies second: the screen's sources read the
-// towers' gradients (tower_average_source there, edge_average_source here for the p2p tree's last edge),
-// and the optimizer then runs fused_apply_agent over the one averaged buffer with the step's scale as
-// its only weight.
+// Why: docs/design-notes.md#kernels-agents
 //
 // Every agent and screen source also lists what it touches, for executors that check launches (the
 // simulated devices, exec/simulated/); kernels never call it. `template <class F> void operands(F&& f)

@@ -6,11 +6,9 @@
 //   rows_apply_agent    that sum and the optimizer, fused.
 // Plain C++ (usable without nvcc): the simulated executor runs them on the host.
 //
-// The global tree (plan/canonical_order.hpp) over N = R * L towers, rank-major: with L a power of two,
-// process r's towers rL ... rL + L - 1 form a subtree, whose value is the process's canonical partial
-// sum, and the owner runs the tree's upper levels over the R partials ("rows", one per process); with
-// other L the process sends each tower's w_t * g_t and the owner runs the whole tree over N rows. Either
-// way the owner's canonical_tree_reduce over its rows in global order gives one process's bits.
+// Rows are per-process partials (L a power of two: subtrees of the global tree) or per-tower products; either way the
+// owner's canonical_tree_reduce over its rows in global order gives one process's bits.
+// Why: docs/design-notes.md#kernels-process_agents
 
 #include <cstddef>
 #include <vector>

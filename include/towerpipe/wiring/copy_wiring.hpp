@@ -1,14 +1,7 @@
 #pragma once
-// Which tower buffers the device reducers use directly and which they reach through copies: the
-// copying paths (no peer access between two devices, or pipeline_options::direct_device_access off, as
-// the GPU tests use to run these paths on one device). Decided here, in plain C++, from the towers'
-// devices and peer-access pairs, with the pointer tables and copy lists (plan/copy_list.hpp) that
-// follow. `Towers` is a device execution space's towers (exec/device_towers.hpp): towers(), device(t),
-// gradients(t), replica(t), access().
-//
-// A tower's own buffers are always direct for work on its own stream: tower t's kernels run on t's
-// device. The switch only decides whether a kernel on one tower's stream may use another tower's
-// memory, even on the same device.
+// Which tower buffers the device reducers use directly and which through copies (no peer access, or
+// direct_device_access off). A tower's own buffers are always direct for work on its own stream.
+// Why: docs/design-notes.md#wiring-copy_wiring
 
 #include <algorithm>
 #include <cstddef>
