@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <sstream>

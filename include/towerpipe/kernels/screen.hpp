@@ -7,7 +7,6 @@
 // Plain C++; TOWERPIPE_HOST_DEVICE marks what kernels call.
 
 #include <cstddef>
-#include <cstdint>
 #include <type_traits>
 #include <vector>
 

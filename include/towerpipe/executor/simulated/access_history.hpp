@@ -6,7 +6,6 @@
 // whatever order the ops ran in: ops run in an order that extends happens-before, so of two unordered
 // conflicting accesses the later one to run finds the earlier.
 
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>

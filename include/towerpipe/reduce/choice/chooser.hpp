@@ -4,7 +4,6 @@
 // ties go to the earlier backend in reduce/choice/backends.hpp; pipeline_options::time_backends measures instead.
 // Why: docs/design-notes.md#reduce-choice-chooser
 
-#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <set>

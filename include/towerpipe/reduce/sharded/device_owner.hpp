@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <memory>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
