@@ -1,7 +1,7 @@
 #pragma once
 // The multi-tensor work list: a table of chunks that covers every element of every variable exactly once,
 // built once at construction, and the pointer tables that locate each (role, variable). Both layouts use
-// the same tables: variable v of role r lives at pointer_table.at(r, v); layout::flat only makes those
+// the same tables: variable v of role r lives at pointer_table.at(r, v) (layout::flat: consecutive, in one arena).
 // Chunks start on multiples of chunk_elements of 256-byte-aligned variables, so vector loads inside a chunk stay aligned.
 // Why: docs/design-notes.md#plan-chunk_table
 
