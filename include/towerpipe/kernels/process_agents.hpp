@@ -28,12 +28,8 @@ TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 namespace detail {
 
-// This process's contributions, written to the rows of the send buffer: with `partial`, row 0 gets the
-// canonical sum of w_t * g_t over the local towers; else row t gets tower t's w_t * g_t. A checked step
-// (first_nonfinite set) screens every raw value under its global tower index, first_tower + t, as one
-// process screens it (kernels/screen.hpp) — only the process that holds a gradient can. Mixed
-// precision: the gradients are Stored (bf16, fp16), widened exactly to T before the products; the rows
-// are T.
+// This process's contributions into the send buffer's rows (with `partial`, row 0 the local canonical sum; else row t
+// tower t's w_t * g_t). A checked step screens each raw value under its global tower index. Stored widens exactly to T.
 template <class T, class Stored = T>
 struct contribution_agent {
   using value_type = T;

@@ -76,12 +76,8 @@ class slice_owner {
   std::vector<T*> state_pointers_, average_pointers_, master_pointers_;
 };
 
-// One owner in one process (tower `owner`'s device): every tower's buffers as its pass uses them, role
-// = tower in the canonical tree's order. A tower it reaches is used in place; for any other, compact
-// copies of the slice on the owner's device: the gradients copied in before the screen or the fused
-// pass, replica 0's slice (the master every owner reads, without mixed precision) copied in before the
-// apply where the owner does not reach tower 0, and the new slice copied out to every copied tower after
-// the apply. T: the towers' stored type.
+// One owner in one process (tower `owner`'s device): every tower's buffers as its pass uses them (role = tower), in
+// place where it reaches them, else compact copies of the slice in and out. T: the towers' stored type.
 template <class T, class Memory>
 class slice_copies {
  public:
