@@ -1,30 +1,11 @@
 #pragma once
-// pipeline<Exec, Reduce, Optim, Layout> — one synchronous data-parallel training step:
-//
-//   batch --split--> shard_i --tower fn--> gradients_i --average+apply--> parameters --broadcast--> towers
-//
-// instantiated from compile-time policies: the execution space of the towers (exec::host, ...), the
-// reduction backend (reduce::host, ..., or reduce::automatic, which picks one: backend_name()), the
-// optimizer (optim::sgd, optim::adam, optim::adamw) and the
-// layout of parameters, gradients and optimizer state (layout::per_variable<T>, layout::flat<T>).
-//
+// pipeline<Exec, Reduce, Optim, Layout> — one synchronous data-parallel training step,
+// instantiated from its policies: towers' execution space, reduction backend, optimizer, layout.
+// Why: docs/design-notes.md#pipeline
 // Guarantees: a step either completes or changes nothing (bad batch, a tower that throws or leaves a
 // gradient unwritten: a towerpipe::error, parameters, optimizer state and step count untouched, the
 // pipeline still usable); the average is taken in the canonical tower order, so parameters are bitwise
 // reproducible and equal across backends and layouts.
-//
-// Overlapping input with compute: stage(next) before step(fn) starts copying the next batch to the
-// towers while this step runs (exec::cuda double-buffers it); step(fn) runs on the oldest staged batch
-// and consumes it, whether it succeeds or fails. step(batch, fn) is stage(batch) + step(fn) on that
-// batch: refused while another batch is staged.
-//
-// Overlapping the reduction with backward: towers that mark their gradients ready
-// (tower_context::gradient_ready) have each gradient bucket (pipeline_options::buckets) reduced while
-// they go on (pipeline/step_parts.hpp); bitwise the unbucketed step.
-//
-// This header only sequences a step; what the pipeline holds between steps and the calls that read and
-// set it are pipeline/state.hpp's, the reducers' contract is reduce/common/contract.hpp.
-//
 // Threading: a pipeline is used by one thread at a time, like a standard container; its own threads
 // and streams run the towers. Calls that change it (stage, step, set_parameter, set_optimizer_state,
 // set_hyper, restore_steps_done) made while another one runs — from a second thread, or from inside a

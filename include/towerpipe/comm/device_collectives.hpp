@@ -4,11 +4,9 @@
 // device memory itself (comm/nccl.cuh) implements this interface too; for any other group (comm/mpi.hpp,
 // comm/thread_group.hpp) the reducer uses staged_collectives below, which copies through pinned host
 // memory and calls the group's host collectives.
-//
-// Arguments as process_group's all_to_all and all_gather_blocks (comm/process_group.hpp), in bytes, with
-// device pointers; the work is ordered after what `stream` has queued. Each call returns once the data
-// has arrived (the stream idle), or throws a towerpipe::error — after the group's deadline at the latest,
-// naming the operation and the rank: never a hang.
+// Arguments as process_group's, in bytes, on device pointers, ordered after `stream`; each returns once the data has
+// arrived or throws a towerpipe::error by the group's deadline: never a hang.
+// Why: docs/design-notes.md#comm-device_collectives
 
 #include <algorithm>
 #include <cstddef>

@@ -1,26 +1,8 @@
 #pragma once
-// mpi_process_group — a process_group (comm/process_group.hpp) over MPI, for pipelines whose towers
-// span several processes (reduce::sharded). Include it where MPI is: <mpi.h> and the MPI library
-// (CMake: find_package(MPI) and MPI::MPI_CXX; towerpipe's own headers do not need it otherwise).
-//
-//   MPI_Init(&argc, &argv);   // the caller's: towerpipe never initialises or finalises MPI
-//   towerpipe::pipeline_options options;
-//   options.processes = std::make_shared<towerpipe::mpi_process_group>(MPI_COMM_WORLD);
-//
-// It works on a duplicate of the communicator it is given, so its traffic never matches the user's.
-// Every operation is point-to-point messages underneath (every rank sends every other rank a message in
-// every operation, empty or not), waited for with a deadline (60 s unless given): past it, the operation
-// throws a towerpipe::error instead of waiting for a process that has exited or stopped, naming the ranks
-// nothing came from in that operation. The group is then broken, as thread_process_group's is: every
-// later call fails at once with that first error, and the other ranks are told, so that each stops at
-// its next poll instead of meeting a deadline of its own in a later operation (a reduce::sharded step
-// whose towers exchange buckets from a worker thread would otherwise wait out the bucket exchange, the
-// settling exchange and the agreement: three deadlines, and ranks that reach the agreement at different
-// times name each other). Its pending messages cancelled, MPI is still no use after this: end the
-// program (MPI_Abort). Collectives are called from the thread that calls the
-// pipeline where MPI was initialised with MPI_THREAD_FUNNELED; with MPI_THREAD_SERIALIZED (or
-// MULTIPLE: MPI_Init_thread) reduce::sharded also exchanges gradient buckets from its worker thread
-// while the towers run, one call at a time. Messages are limited to 2 GiB each (MPI's int counts).
+// mpi_process_group — a process_group over MPI (reduce::sharded across processes); include it where <mpi.h> is.
+// The caller initialises and finalises MPI. Each operation has a deadline (60 s unless given); past it the group is
+// broken (every later call fails with the first error) and MPI is no use: end the program. Messages are at most 2 GiB.
+// Why: docs/design-notes.md#comm-mpi
 
 #include <mpi.h>
 

@@ -2,14 +2,9 @@
 // thread_process_group — a process_group (comm/process_group.hpp) whose ranks are threads of one
 // process, with mpi_process_group's contract: every rank makes the same collectives in the same order,
 // each completes or throws a towerpipe::error by the deadline, naming the ranks that never arrived;
-// ranks that make different calls all fail, naming the call. It lets reduce::sharded's exchange and the
-// pipeline's per-step agreements run in one process: in the tests under AddressSanitizer and
-// ThreadSanitizer, and for users who want several pipelines' worth of towers without MPI.
-//
-//   const auto ranks = towerpipe::thread_process_group::create(3);  // one group object per rank
-//   // thread r: options.processes = ranks[r]; pipeline<..., reduce::sharded, ...> p(..., options);
-//
-// After a rank's deadline error the group is broken: every later call on any rank fails at once.
+// ranks that make different calls all fail, naming the call.
+// Used by the tests (ASan, TSan) and for several pipelines' worth of towers without MPI; a deadline error breaks the group.
+// Why: docs/design-notes.md#comm-thread_group
 
 #include <algorithm>
 #include <chrono>

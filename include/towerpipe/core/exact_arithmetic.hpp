@@ -1,23 +1,7 @@
 #pragma once
 // Keeps the library's own floating-point arithmetic exact — one rounding per operation, no fused
 // multiply-add — whatever flags the user's code is compiled with (docs/guide.md, invariant 2).
-//
-// Code between TOWERPIPE_EXACT_ARITHMETIC_BEGIN and _END (the per-element optimizer updates, the
-// canonical sum, the multi-tensor agents and the host pass):
-// - GCC (and nvcc's host pass, which GCC compiles): the functions are compiled with -ffp-contract=off
-//   through `#pragma GCC optimize`, even in a target built with -ffp-contract=fast (GCC's default in the
-//   gnu++ dialects) and -march=native. GCC refuses to inline such a function into one compiled with other
-//   floating-point options ("optimization attribute mismatch"), so the guarantee survives inlining; the
-//   price is a call at each entry into the library's arithmetic (once per block of elements, not per
-//   element).
-// - Clang: contracts only within one expression by default (-ffp-contract=on); every library operation
-//   is a separate rounded_* call, so nothing fuses. Clang ignores pragmas under -ffp-contract=fast:
-//   that flag is not supported with Clang.
-// - The device pass (nvcc): the __f*_rn intrinsics are never contracted (core/rounded_math.hpp).
-// - -ffast-math / -Ofast (reassociation, no NaN) cannot be undone locally: they stop compilation below.
-//
-// Speed: GCC vectorises sqrt (Adam's host pass) only without errno, which cannot be switched per
-// function; compile with -fno-math-errno (it changes no result) for the host pass at full speed.
+// Why: docs/design-notes.md#core-exact_arithmetic
 
 #if defined(__FAST_MATH__)
 #error "towerpipe: -ffast-math / -Ofast is not supported: it reorders and fuses the library's arithmetic, so results would no longer be bitwise reproducible (use -O3 [-march=native] [-fno-math-errno] instead)"

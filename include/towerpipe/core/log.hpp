@@ -2,12 +2,8 @@
 // Where the library's rare warnings and notes go (say, "no peer access between devices 0 and 1: staged copies").
 // Nothing is printed by default (docs/guide.md, invariant 5): install a sink to see them, e.g.
 //   towerpipe::set_log_sink([](const std::string& line) { std::cerr << line << '\n'; });
-//
-// The library calls the sink from inside its steps, constructors and clean-up paths (reduce::automatic's
-// "kept ..." note comes after the step was applied, a CUDA clean-up's warning while an error unwinds), so
-// a sink that throws must not abort them: whatever it throws is caught, and the line it did not take is
-// kept instead (the last max_undelivered_log_lines of them, oldest dropped first), for the program to
-// collect with take_undelivered_log_lines(). Not printed: the library prints nothing of its own.
+// A sink that throws is caught; the lines it did not take are kept for take_undelivered_log_lines().
+// Why: docs/design-notes.md#core-log
 
 #include <cstddef>
 #include <deque>

@@ -1,13 +1,8 @@
 #pragma once
 // Arithmetic with one rounding per operation, identical on host and device, for float and double.
-//
-// Bitwise-equal results across backends (docs/guide.md, invariant 2) need every add and multiply to be
-// rounded separately: no fused multiply-add, and subnormals kept. On the device, float operations are
-// inline PTX without .ftz (nvcc's -ftz=true and -use_fast_math flush subnormals even in the __f*_rn
-// intrinsics, and define no macro to detect it: ctest cuda.no_flush_under_fast_math checks the PTX);
-// double's __d*_rn intrinsics are never contracted nor flushed. On the host these functions live in an
-// exact-arithmetic region (core/exact_arithmetic.hpp) that keeps the compiler from fusing them, whatever
-// the user's flags.
+// No fused multiply-add, subnormals kept: device floats are inline PTX without .ftz (unflushed even under
+// -use_fast_math); the host functions live in an exact-arithmetic region (core/exact_arithmetic.hpp).
+// Why: docs/design-notes.md#core-rounded_math
 
 #include <cmath>
 

@@ -1,39 +1,11 @@
 #pragma once
-// Checkpoints: a pipeline's parameters, optimizer state and step count in one file, loadable into any
-// backend and layout with the same variables and optimizer; resuming reproduces the uninterrupted run
-// bitwise (the step count restores the bias corrections). The file also carries the program's own
-// position — whatever bytes it gives as `user_data` (at most 1 MiB: its data cursor, epoch and batch,
-// the random generator's state) — checksummed and written atomically with the rest, so that a program
-// resumes its data where the parameters are. Derive the cursor from it, not from steps_done(): a step
-// that was skipped (a non-finite average, dynamic loss scaling's overflow) consumed a batch but did not
-// count.
-//
-//   towerpipe::save_checkpoint(p, "run.ckpt", cursor_bytes);           // cursor_bytes: std::string
-//   const std::string cursor_bytes = towerpipe::load_checkpoint(p, "run.ckpt");  // "" from files without
-//
-// File (native byte order; written and read on the same kind of machine):
-//   "TWRPCKPT" | u32 format version | u64 header bytes | header | payload | user data | u64 FNV-1a of all before it
-// header: text lines "key value...": optimizer, value_bytes, state_slots, steps, loss_scale (scale and
-// good steps; restored where the pipeline scales its loss), written_by (the policies, for information),
-// variables, then "variable NAME DIM..." per variable, then "user_data BYTES FNV1A" (the user data's size
-// and its own checksum, which names it in the error when it is the part that changed). payload: every
-// variable's parameters in order, then every state slot's variables in order. Versions 1 (no loss_scale
-// line) and 2 (no user_data line) still load, with no user data.
-//
-// Writing is atomic: a uniquely named temporary file NAME.tmp.XXXXXX beside the target (mkstemp), locked
-// (flock) while it is written, fsync'ed, renamed over the target, and the directory fsync'ed. A save that
-// was killed leaves its temporary behind; the next successful save to the same target removes those
-// (a checkpoint's size each) — only files that are certainly a killed save's: named NAME.tmp. plus
-// mkstemp's six letters or digits for this very target, regular files (not links), starting with the
-// checkpoint magic, and not locked (a save in progress, in this or another process, holds its lock until
-// its rename). Another target's temporaries, files named otherwise, and empty ones (a save killed before
-// it wrote anything costs no space) are left alone.
-// Reading checks everything — magic, version, size, checksum, optimizer, slots, variable names and
-// shapes — before it changes anything, and says which check failed.
+// Checkpoints: parameters, optimizer state, step count and the program's user_data (at most 1 MiB) in one checksummed
+// file, written atomically; resuming reproduces the uninterrupted run bitwise. Derive a data cursor from user_data, not
+// steps_done() (a skipped step consumed a batch but did not count).
+// Why: docs/design-notes.md#io-checkpoint
 
 #include <cstdint>
 #include <cstdio>
-#include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <sstream>

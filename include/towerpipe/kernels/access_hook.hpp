@@ -1,13 +1,7 @@
 #pragma once
-// A hook in the host path of the agents' vector I/O (kernels/lanes.hpp load_lanes/store_lanes,
-// kernels/screen.hpp record_nonfinite): while a recorder is set on the calling thread, every access an
-// agent makes on the host is reported to it before it happens, and the recorder may refuse it. The
-// simulated devices (exec/simulated/) set one while they run a launch and refuse each access outside
-// what the agent declared (operands()), then report the first. With no recorder set the hook costs one
-// thread-local load; the device path of the I/O does not call it.
-//
-// Refusing rather than throwing keeps exceptions out of the agents' code: a throwing call in their
-// I/O makes GCC 12 fail (an internal compiler error in SRA) on the agents under -fsanitize=thread.
+// A hook in the host path of the agents' vector I/O: a recorder set on the calling thread (the simulated devices) is
+// told of every access first and may refuse it. Refuse, never throw: a throw there makes GCC 12 ICE under TSan.
+// Why: docs/design-notes.md#kernels-access_hook
 
 #include <cstddef>
 

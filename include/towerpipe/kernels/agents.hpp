@@ -4,11 +4,6 @@
 // (cuda/multi_tensor_kernel.cuh, the schedule) — and that tests run over the same tables on the host.
 // Plain C++ (usable without nvcc); TOWERPIPE_HOST_DEVICE marks what kernels call.
 //
-// A checked step (kernels/screen.hpp) averages first and applies second: the screen's sources read the
-// towers' gradients (tower_average_source there, edge_average_source here for the p2p tree's last edge),
-// and the optimizer then runs fused_apply_agent over the one averaged buffer with the step's scale as
-// its only weight.
-//
 // Every agent and screen source also lists what it touches, for executors that check launches (the
 // simulated devices, exec/simulated/); kernels never call it. `template <class F> void operands(F&& f)
 // const` calls, in terms of the launch's chunks:
@@ -19,6 +14,7 @@
 //       one fixed place (a non-finite key word); read_write: an atomic read-modify-write
 //       (record_nonfinite, an atomicMin on the device), which does not race with others of its kind.
 // It must say exactly what process()/average() reach: the simulation checks every access against it.
+// Why: docs/design-notes.md#kernels-agents
 
 #include <cstddef>
 #include <type_traits>
@@ -136,11 +132,8 @@ struct fused_apply_agent {
   }
 };
 
-// Where the p2p tree's operands lie as one tower reads them, role = tower: the towers' raw gradients,
-// and the partial sums of the towers with children in the tree (the left side of some edge). In full
-// precision a tower's partial sum lives in its own gradient buffer, so both tables hold the same
-// pointers. With 16-bit towers (Stored = bf16, fp16) the partial sums are T buffers of their own: the
-// canonical sums are T's, and a 16-bit partial would round them at every edge.
+// Where the p2p tree's operands lie as one tower reads them (role = tower): raw gradients and partial sums (the same
+// buffers in full precision; with 16-bit towers T buffers of their own, so that no edge rounds the canonical sum).
 template <class T, class Stored = T>
 struct tree_operands {
   pointer_table<const Stored> raw;

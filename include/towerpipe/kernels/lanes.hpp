@@ -1,14 +1,7 @@
 #pragma once
-// Vector I/O of the multi-tensor agents: a group of W consecutive elements in registers. On the device
-// a whole group (W = vector_elements of the launch policy, 4 floats = 16 bytes by default) moves as one
-// vector through CUB's cub::LoadDirectBlockedVectorized / cub::StoreDirectBlockedVectorized; a chunk's
-// last count % W elements move one by one (W = 1). On the host, plain loops. Groups start on multiples of
-// W elements of chunks that start aligned, so every vector is aligned: multi_tensor_policy checks the
-// chunk size, and check_vector_aligned (plan/chunk_table.hpp) every table a reducer builds. The
-// store relies on that: CUB's vectorised load falls back to scalar loads on a misaligned pointer, but
-// its store (CCCL 3.0 cub/block/block_store.cuh) writes through the vector type regardless, which
-// faults. Plain C++ where not compiled by nvcc. The host path reports every access to the calling
-// thread's access recorder, if any (kernels/access_hook.hpp); the device path does not.
+// Vector I/O of the multi-tensor agents: W consecutive elements in registers (CUB vectorised load/store on the device,
+// plain loops on the host). Every vector must be aligned: CUB's vectorised store faults on a misaligned pointer.
+// Why: docs/design-notes.md#kernels-lanes
 
 #include <cstring>
 #include <type_traits>

@@ -6,11 +6,9 @@
 //   rows_apply_agent    that sum and the optimizer, fused.
 // Plain C++ (usable without nvcc): the simulated executor runs them on the host.
 //
-// The global tree (plan/canonical_order.hpp) over N = R * L towers, rank-major: with L a power of two,
-// process r's towers rL ... rL + L - 1 form a subtree, whose value is the process's canonical partial
-// sum, and the owner runs the tree's upper levels over the R partials ("rows", one per process); with
-// other L the process sends each tower's w_t * g_t and the owner runs the whole tree over N rows. Either
-// way the owner's canonical_tree_reduce over its rows in global order gives one process's bits.
+// Rows are per-process partials (L a power of two: subtrees of the global tree) or per-tower products; either way the
+// owner's canonical_tree_reduce over its rows in global order gives one process's bits.
+// Why: docs/design-notes.md#kernels-process_agents
 
 #include <cstddef>
 #include <vector>
@@ -30,12 +28,8 @@ TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 namespace detail {
 
-// This process's contributions, written to the rows of the send buffer: with `partial`, row 0 gets the
-// canonical sum of w_t * g_t over the local towers; else row t gets tower t's w_t * g_t. A checked step
-// (first_nonfinite set) screens every raw value under its global tower index, first_tower + t, as one
-// process screens it (kernels/screen.hpp) — only the process that holds a gradient can. Mixed
-// precision: the gradients are Stored (bf16, fp16), widened exactly to T before the products; the rows
-// are T.
+// This process's contributions into the send buffer's rows (with `partial`, row 0 the local canonical sum; else row t
+// tower t's w_t * g_t). A checked step screens each raw value under its global tower index. Stored widens exactly to T.
 template <class T, class Stored = T>
 struct contribution_agent {
   using value_type = T;

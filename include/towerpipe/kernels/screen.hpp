@@ -1,28 +1,12 @@
 #pragma once
-// The gradient screen: the first pass of a checked step (pipeline_options::on_nonfinite, max_grad_norm,
-// loss scaling; pipeline.hpp). Before anything is updated it writes the canonical average of the towers'
-// gradients into one buffer of the reducer's and measures it:
-//   - the first non-finite value of the average in (variable, element) order, and where it came from:
-//     the lowest-numbered tower whose gradient is non-finite there, or the sum itself when every
-//     tower's value was finite and their weighted sum overflowed (a non-finite input always makes the
-//     sum non-finite, so every tower at fault is found and none is blamed wrongly);
-//   - its sum of squares, for the global norm, in the order defined below.
-// The second pass (the optimizer) reads the average once, times one scale (clip coefficient, 1/loss
-// scale). Against the single fused pass (kernels/agents.hpp) a checked step moves 2 sizeof(T) more
-// bytes per parameter (the average written, then read) and 8 bytes per 2048 (a tile's partial).
-//
-// Norm order. Each variable is cut into tiles of screen_tile_elements (the last one shorter). In a
-// tile, lane j of 32 sums the squares, in double, of the elements 128 k + 4 j + l for k = 0..15 (outer)
-// and l = 0..3; the 32 lane sums are added as a pairwise tree (s_j += s_(j+1) for even j, then
-// s_j += s_(j+2) for j divisible by 4, ..., s_0 += s_16); the tiles' sums are added one after another,
-// variable by variable. Squares of floats are exact in double and the order does not depend on the
-// backend, the layout or the launch policy, so the norm is bitwise equal everywhere. On the device a warp
-// is the 32 lanes (cuda/screen_kernel.cuh); the host computes the same values block by block
-// (reduce/host/host_towers.hpp).
+// The gradient screen: the first pass of a checked step. It writes the canonical average of the towers' gradients into
+// a buffer and measures it: its first non-finite value (and the lowest tower at fault) and its sum of squares.
+// Norm order: tiles of screen_tile_elements, 32 lanes, a pairwise tree; the host and the device (cuda/screen_kernel.cuh)
+// must keep it identical, as the norm is bitwise equal everywhere.
+// Why: docs/design-notes.md#kernels-screen
 // Plain C++; TOWERPIPE_HOST_DEVICE marks what kernels call.
 
 #include <cstddef>
-#include <cstdint>
 #include <type_traits>
 #include <vector>
 

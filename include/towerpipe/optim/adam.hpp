@@ -6,13 +6,8 @@
 //   v = beta2 * v + (1 - beta2) * g * g                        state slot 1
 //   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
-// which is the documented m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t),
-// p = p - lr * m_hat / (sqrt(v_hat) + eps), arranged as torch's implementation does: eps is added after
-// the square root. The bias corrections lr / (1 - beta1^t) and sqrt(1 - beta2^t) are computed once per
-// step on the host in double and rounded to T, so every backend uses the same constants.
-// Validation as torch: lr, eps, weight_decay >= 0 and finite; 0 <= beta1, beta2 < 1.
-// The interface is described in optim/sgd.hpp. optim::adamw (optim/adamw.hpp) is the same family with
-// decoupled weight decay.
+// Constants computed once per step on the host in double (every backend uses the same); interface: optim/sgd.hpp.
+// Why: docs/design-notes.md#optim-adam
 
 #include <cmath>
 #include <cstdint>

@@ -1,18 +1,7 @@
 #pragma once
-// step_parts<Towers, Reducer> — drives a step's parts through the reducer (reduce/common/contract.hpp):
-// each gradient bucket (plan/buckets.hpp) as soon as every tower has marked it ready
-// (tower_context::gradient_ready), on a thread of its own (executor/background_worker.hpp) while the towers'
-// backward passes go on; after the towers, what they left — the buckets the last tower completed by
-// returning, or every bucket of towers that mark nothing, or, where buckets do not go during the towers,
-// the whole step as one part. Bitwise the unbucketed step whatever the buckets (plan/buckets.hpp says why).
-//
-// The towers tell it of their marks (it is their ready listener); GPU towers record an event on their
-// stream when a tower completes a bucket (record_bucket_done), which the bucket's pass waits for.
-//
-// What it reports as hidden behind the towers is what was: a bucket counts as reduced during the towers
-// when the worker reduced it and, when it became ready, some tower still had gradients to mark (backward
-// work still to run). The last bucket to become ready overlaps nothing, nor does a model of one bucket,
-// which the log says once (pipeline_options::buckets.cap_bytes cuts more).
+// step_parts<Towers, Reducer> — drives a step's parts through the reducer (reduce/common/contract.hpp): each gradient
+// bucket once every tower marked it, on a worker thread while the towers go on; after the towers, the rest as one part.
+// Why: docs/design-notes.md#pipeline-step_parts
 
 #include <atomic>
 #include <cstddef>

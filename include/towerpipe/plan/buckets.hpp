@@ -2,21 +2,9 @@
 // Gradient buckets: the groups of variables a step reduces as soon as every tower has marked them ready
 // (tower_context::gradient_ready, exec/tower_context.hpp), while the towers' backward passes go on.
 //
-// The plan. By default the variables are taken in reverse declaration order — the order a backward pass
-// finishes them — and cut greedily into buckets of at most cap_bytes of gradient (a variable larger than
-// that is a bucket of its own), the first at most first_cap_bytes, as PyTorch DDP's bucket_cap_mb and
-// its 1 MiB first bucket do: the reduction starts early, and a small model is more than one bucket. Explicit groups (by variable name)
-// replace that: each variable in exactly one group, reduced in the groups' order.
-//
-// Why buckets change no bit: the canonical order (plan/canonical_order.hpp) is per element, and every
-// element's average, update and screen partial depend only on that element's inputs, so reducing a
-// variable in any bucket, at any time after every tower wrote it, gives the bits of the unbucketed step.
-//
-// The readiness. Each step, every tower marks variables ready; a bucket is complete for a tower when
-// the tower has marked all of its variables, and ready when it is complete for every tower. A tower's
-// marks come from that tower's thread only; a bucket's count of complete towers is shared, and the mark
-// that completes it is the one that sees the count reach the tower count, so exactly one mark hands
-// each bucket over.
+// Bitwise the unbucketed step (the canonical order is per element). Exactly one mark hands each bucket over: the one
+// that sees its count of complete towers reach the tower count.
+// Why: docs/design-notes.md#plan-buckets
 // Plain C++.
 
 #include <algorithm>

@@ -5,12 +5,9 @@
 // i + 2^r < N does s_i = s_i + s_(i + 2^r); the result is s_0. This is the p2p tree's own order, so a
 // tree of devices can follow it without extra traffic.
 //
-// canonical_tree_reduce evaluates that tree in one left-to-right pass over the towers with a stack of
-// partial sums (the binary-counter form of a pairwise sum): after leaf i is pushed, it is merged with the
-// stack's top once per trailing one bit of i; at the end the stack folds from the top. Only
-// canonical_slots(N) <= log2(N) + 1 partials are alive at once, so the same code serves one element in
-// registers and a block of elements in scratch arrays. The left operand of every addition is the partial
-// of lower tower index.
+// canonical_tree_reduce: one left-to-right pass with a stack of at most canonical_slots(N) partials; the left operand
+// of every addition is the partial of lower tower index.
+// Why: docs/design-notes.md#plan-canonical_order
 
 #include <cstddef>
 #include <type_traits>

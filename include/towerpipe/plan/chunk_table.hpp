@@ -1,11 +1,9 @@
 #pragma once
 // The multi-tensor work list: a table of chunks that covers every element of every variable exactly once,
 // built once at construction, and the pointer tables that locate each (role, variable). Both layouts use
-// the same tables: variable v of role r lives at pointer_table.at(r, v); layout::flat only makes those
-// pointers consecutive in one arena. Chunks start on multiples of chunk_elements (a multiple of 64
-// floats, 256 bytes) of 256-byte-aligned variables, so vector loads inside a chunk stay aligned.
-// Plain C++: the device backends upload these tables (cuda/multi_tensor_dispatch.cuh), the host pass and
-// the tests walk them on the CPU.
+// the same tables: variable v of role r lives at pointer_table.at(r, v) (layout::flat: consecutive, in one arena).
+// Chunks start on multiples of chunk_elements of 256-byte-aligned variables, so vector loads inside a chunk stay aligned.
+// Why: docs/design-notes.md#plan-chunk_table
 
 #include <algorithm>
 #include <cstddef>
@@ -150,12 +148,8 @@ std::vector<T*> gather_pointers(const std::vector<Buffer*>& roles) {
   return pointers;
 }
 
-// What a vectorised kernel (cuda/multi_tensor_kernel.cuh) assumes of a pointer table ([role][variable],
-// null where a role does not hold a variable): the first element of every chunk it covers is aligned
-// for one vector of vector_bytes; its groups then start on multiples of the vector inside the chunk.
-// Checked in plain C++ where a table is built, so that a layout that would fault on the device (CUB's
-// vector store does not check alignment) fails on the host. Addresses in unsigned arithmetic: a
-// compact slice's entry may point before its allocation (plan/owner_slices.hpp).
+// What a vectorised kernel assumes of a pointer table: every chunk's first element aligned for one vector (CUB's
+// vector store does not check), checked here on the host where a table is built.
 template <class T>
 void check_vector_aligned(const std::vector<T*>& pointers, std::size_t variables, const std::vector<tensor_chunk>& chunks,
                           std::size_t vector_bytes, const char* what) {

@@ -1,22 +1,7 @@
 #pragma once
-// Where reduce::sharded's contributions travel between processes, with host towers
-// (reduce/sharded/host_towers.hpp) and with GPU towers (reduce/sharded/device_towers_across_processes.hpp):
-// the chunk table cut into one slice per process (plan/owner_slices.hpp: whole chunks, so whole screen
-// tiles), and the buffers of the exchange, in elements, as every process computes them alike. Every row
-// is a slice's compact storage (slice.stored_elements long, each range on a multiple of stored_alignment
-// elements), so every block starts aligned for vector I/O. Plain C++.
-//
-//   send buffer     owner-major: owner r's block at contributions * first(r), its contributions (rows)
-//                   one after another: one block per owner, whatever the rows, so that the all-to-all
-//                   moves one piece per pair of processes.
-//   receive buffer  rank-major: process p's block at p * contributions * mine, so row k of process p is
-//                   row p * contributions + k: the global order of the canonical tree's leaves.
-//   buckets         with gradient buckets (plan/buckets.hpp: bucket_of per variable), each block is
-//                   bucket-major: bucket b's rows, each the slice's ranges of b's variables, then bucket
-//                   b + 1's; so a bucket's exchange also moves one piece per pair of processes, and the
-//                   buckets together are the whole exchange. With one bucket, the layout above.
-//   gather          slice r's new parameters land at first(r) of a buffer of every variable end to end,
-//                   each padded (padded_flat_starts: the slices' storage in owner order).
+// Where reduce::sharded's contributions travel between processes (host or GPU towers): the chunk table cut into one
+// slice per process, and the exchange's buffers in elements, computed alike by every process. Plain C++.
+// Why: docs/design-notes.md#plan-exchange_plan
 
 #include <algorithm>
 #include <cstddef>

@@ -2,16 +2,13 @@
 // The launch policy of the multi-tensor kernels (cuda/multi_tensor_kernel.cuh) and its checks, in plain
 // C++: every executor that runs the agents (the CUDA kernels, the simulated devices) takes the same
 // policies and checks them the same way.
+// Why: docs/design-notes.md#plan-launch_policy
 
 #include <cstddef>
 
 namespace towerpipe {
 
-// Launch shape of the multi-tensor kernels. A block strides through one chunk of the table with
-// threads_per_block threads in groups of vector_elements elements, each group one vector load per role
-// (4 floats: 16 bytes); chunk_elements / threads_per_block elements per thread (16 for the defaults: 4
-// vector loads per role) keep each thread's loads in flight. Used as reduce::device0_with<Policy> and
-// reduce::p2p_tree_with<Policy>.
+// Launch shape of the multi-tensor kernels (reduce::device0_with<Policy>, reduce::p2p_tree_with<Policy>).
 struct multi_tensor_policy {
   static constexpr int threads_per_block = 256;
   static constexpr std::size_t chunk_elements = 4096;

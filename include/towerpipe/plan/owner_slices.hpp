@@ -4,19 +4,9 @@
 // optimizer state, of a checked step's average): reduce::sharded for GPU towers gives tower t's device
 // slice t, and across processes (plan/exchange_plan.hpp, host or GPU towers) process r slice r.
 // Plain C++.
-//
-// A slice is whole chunks, so it starts where a chunk starts: on a multiple of chunk_elements inside a
-// variable, hence of the screen's tile (kernels/screen.hpp) when chunk_elements is a multiple of it, and
-// each screen tile belongs to one owner: make_chunk_table(slice.ranges, screen_tile_elements) lists
-// the slice's tiles. The slices in owner order list the chunks, and so the tiles, in
-// the table's order.
-//
-// Compact storage keeps the device's vector I/O aligned: each range starts on a multiple of
-// stored_alignment elements (64: 256 bytes of float, a multiple of every launch policy's vector), so a
-// range after one of odd length is padded, never shifted. A range ends where its variable ends or
-// where a chunk ends, so the slices' storage in owner order is one buffer of every variable end to
-// end, each variable padded to a multiple of stored_alignment (padded_flat_starts): the gather of
-// reduce::sharded across processes.
+// A slice is whole chunks (so each screen tile has one owner); compact storage starts each range on a multiple of
+// stored_alignment elements (padded, never shifted), so the slices in owner order are padded_flat_starts' buffer.
+// Why: docs/design-notes.md#plan-owner_slices
 
 #include <cstddef>
 #include <cstdint>

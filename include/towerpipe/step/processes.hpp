@@ -1,14 +1,7 @@
 #pragma once
-// The processes a pipeline's towers span (pipeline_options::processes with reduce::sharded; one process
-// without it), owned by the pipeline and lent to the reducer for its exchange: the group, the
-// configuration check before the first step, the checked step's screen shared by every owner, and the
-// pipeline's two agreements every step:
-//   before the towers run   every process's settings as of this step (step number, hyper-parameters,
-//                           loss scale, parameters set since the last step) must be the same; the
-//                           towers' weights over every process's examples;
-//   after the towers ran    every process's verdict on its towers: one process's failure is every
-//                           process's error, before anything is updated, so the processes' collectives
-//                           never fall out of step; else the loss over every process's examples.
+// The processes a pipeline's towers span (pipeline_options::processes; one without it): the group, the configuration
+// check, the shared screen and the two agreements a step (settings and weights before the towers; the verdict after).
+// Why: docs/design-notes.md#step-processes
 
 #include <algorithm>
 #include <cstdint>
@@ -17,7 +10,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "towerpipe/comm/process_group.hpp"

@@ -6,12 +6,8 @@
 // what it holds. Across processes (reduce::sharded) the pipeline numbers the tower rows globally and
 // gives the file its rank's pid, so that the ranks' files can be loaded together.
 //
-// Times are host clock times (steady_clock, microseconds since the timeline was made). For GPU towers
-// the "tower i" rows show the tower function enqueueing its work on the host, and rows "tower i (GPU)"
-// (compute; p2p_tree's edges and pulls), "tower i (GPU copy)" (the shard's host-to-device copy) and
-// "reduce (GPU)" what the devices ran: CUDA event times converted to the host clock through an
-// event that each tower's device completed at a known host time. The GPU stages also open NVTX ranges
-// (cuda/nvtx.cuh), which Nsight Systems shows beside the kernels.
+// Times are host steady_clock microseconds since the timeline was made; GPU rows are CUDA event times converted to it.
+// Why: docs/design-notes.md#trace-timeline
 
 #include <algorithm>
 #include <atomic>

@@ -1,14 +1,7 @@
 #pragma once
-// Which tower buffers the device reducers use directly and which they reach through copies: the
-// copying paths (no peer access between two devices, or pipeline_options::direct_device_access off, as
-// the GPU tests use to run these paths on one device). Decided here, in plain C++, from the towers'
-// devices and peer-access pairs, with the pointer tables and copy lists (plan/copy_list.hpp) that
-// follow. `Towers` is a device execution space's towers (exec/device_towers.hpp): towers(), device(t),
-// gradients(t), replica(t), access().
-//
-// A tower's own buffers are always direct for work on its own stream: tower t's kernels run on t's
-// device. The switch only decides whether a kernel on one tower's stream may use another tower's
-// memory, even on the same device.
+// Which tower buffers the device reducers use directly and which through copies (no peer access, or
+// direct_device_access off). A tower's own buffers are always direct for work on its own stream.
+// Why: docs/design-notes.md#wiring-copy_wiring
 
 #include <algorithm>
 #include <cstddef>
@@ -107,14 +100,8 @@ class tower_copies {
   copy_list<value_type> gradients_in_, replicas_out_;
 };
 
-// reduce::p2p_tree (reduce/p2p_tree/reducer.hpp) over the canonical tree's rounds. A tower with children (the
-// left side of some edge) keeps its partial sum (agents.hpp tree_operands: in its own gradient buffer in
-// full precision, in a buffer of the master type beside its 16-bit gradients otherwise); an edge (left,
-// right) runs on left's stream and adds right's operand — its raw gradient if it has no children, else
-// its partial sum — into left's partial sum, reading right's buffer in place or, where left does not
-// reach right, from one of left's scratch buffers, filled by a copy of right's buffer just before the
-// edge (after right's last write). The root (tower 0) writes its replica and those of its children it
-// reaches; every other tower then pulls its parent's replica, in place or by a copy.
+// reduce::p2p_tree over the canonical tree's rounds: an edge (left, right) on left's stream adds right's operand into
+// left's partial sum, in place or from a scratch copy where left does not reach right; then replicas go down the tree.
 struct tree_wiring {
   std::vector<int> parent;                   // per tower; -1 for the root
   std::vector<char> has_children;            // per tower: the left side of some edge, so it keeps a partial sum

@@ -1,10 +1,7 @@
 #pragma once
-// The buffers of reduce::sharded across processes with GPU towers (reduce/sharded/device_towers_across_processes.hpp),
-// laid out by exchange_plan (plan/exchange_plan.hpp), allocated from `Memory` (cuda_device_memory on
-// tower 0's device, host memory in the tests), with the pointer tables over them: the rows this process
-// sends each owner, the rows it receives as an owner, the gathered parameters — all in the master type
-// (float for 16-bit towers: the gathered buffer is then the whole fp32 master). And, after the gather,
-// the broadcast into the local towers' replicas (gathered_broadcast).
+// The buffers of reduce::sharded across processes with GPU towers, laid out by plan/exchange_plan.hpp, in the master
+// type, with their pointer tables; and the broadcast of the gathered parameters into the replicas (gathered_broadcast).
+// Why: docs/design-notes.md#wiring-exchange_buffers
 
 #include <cstddef>
 #include <type_traits>
@@ -54,13 +51,8 @@ copy_list<T> gathered_into_copied_replicas(Towers& towers, const tower_copies<Co
   return list;
 }
 
-// After the gather, on tower 0's device: the gathered parameters (T) into every local tower's replica
-// (Stored). copy_agent<T, Stored> over targets() writes the replicas tower 0's device reaches (role =
-// tower, copies.replicas()) and, with mixed precision where some tower is copied, one more role: a
-// narrowed copy of the whole, laid out as the gathered buffer, on tower 0's device; then copies() moves
-// the rest to the copied towers, from that narrowed copy (mixed precision) or from the gathered buffer
-// itself. Every target of the agent holds Stored values (a copy never narrows, so the copied towers get
-// the agent's rounding, bit for bit the reached towers').
+// After the gather, on tower 0's device: the gathered parameters (T) into every local tower's replica (Stored) —
+// copy_agent for the towers it reaches, copies (from a narrowed copy with mixed precision) for the rest.
 template <class Stored, class T, class Memory>
 class gathered_broadcast {
  public:

@@ -1,15 +1,7 @@
 #pragma once
-// An owner of reduce::sharded with device towers, in plain C++: a tower's device in one process
-// (reduce/sharded/device_towers.hpp) or a process (reduce/sharded/device_towers_across_processes.hpp). It
-// holds its slice of the chunk table (plan/owner_slices.hpp) and, in compact storage allocated
-// from `Memory` (the executor's device memory on its device), its slice of the
-// optimizer state (slot after slot), for checked steps its slice of the average, and, across
-// processes or with mixed precision (16-bit towers), its own master copy of its slice of the parameters
-// (in one process without mixed precision the master is tower 0's replica). T is the master type; the
-// towers' buffers (slice_copies) hold the stored type. The device reducers upload these pointer tables.
-//
-// slice_copies: where an owner's device cannot address a tower's (wiring/copy_wiring.hpp), its
-// compact copies of that tower's slice of the gradients and of the replica, and the copies in and out.
+// An owner of reduce::sharded with device towers (a tower's device, or a process): its slice of the chunk table and, in
+// compact storage from `Memory`, its slices of the optimizer state, average and (where needed) master. T: master type.
+// Why: docs/design-notes.md#wiring-owner_wiring
 
 #include <cstddef>
 #include <memory>
@@ -84,12 +76,8 @@ class slice_owner {
   std::vector<T*> state_pointers_, average_pointers_, master_pointers_;
 };
 
-// One owner in one process (tower `owner`'s device): every tower's buffers as its pass uses them, role
-// = tower in the canonical tree's order. A tower it reaches is used in place; for any other, compact
-// copies of the slice on the owner's device: the gradients copied in before the screen or the fused
-// pass, replica 0's slice (the master every owner reads, without mixed precision) copied in before the
-// apply where the owner does not reach tower 0, and the new slice copied out to every copied tower after
-// the apply. T: the towers' stored type.
+// One owner in one process (tower `owner`'s device): every tower's buffers as its pass uses them (role = tower), in
+// place where it reaches them, else compact copies of the slice in and out. T: the towers' stored type.
 template <class T, class Memory>
 class slice_copies {
  public:

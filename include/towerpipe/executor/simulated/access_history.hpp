@@ -1,12 +1,10 @@
 #pragma once
 // The race detector's memory: per allocation, the accesses that executed ops made, each with the epoch
 // of its op (executor/simulated/vector_clock.hpp). A new access conflicts with a recorded one when their
-// bytes overlap, one of them writes (atomic updates, such as the non-finite keys' atomicMin, do not
-// conflict with each other), and the recorded one is not ordered before the new one's clock. Found
-// whatever order the ops ran in: ops run in an order that extends happens-before, so of two unordered
-// conflicting accesses the later one to run finds the earlier.
+// bytes overlap, one of them writes (atomic updates do not conflict with each other), and the recorded one is
+// not ordered before the new one's clock.
+// Why: docs/design-notes.md#executor-simulated-access_history
 
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -51,11 +49,7 @@ class access_history {
     }
   }
 
-  // Adds a checked access made at `clock`, dropping the bytes of the accesses ordered before it that it
-  // makes redundant: every one if it writes, those of its own kind if it reads or updates atomically. A
-  // later access that would race with a dropped one races with this one as well (it is unordered with
-  // it too, and conflicts with it), so nothing is missed and the history stays about as long as the
-  // live ranges.
+  // Adds a checked access made at `clock`, dropping the accesses ordered before it that it makes redundant (nothing missed).
   void record(std::uint64_t id, const access_record& access, const vector_clock& clock) {
     std::vector<access_record>& list = records_[id];
     std::vector<access_record> kept;

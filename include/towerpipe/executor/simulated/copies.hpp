@@ -3,6 +3,7 @@
 // each side may lie (device memory, pinned host memory, pageable host memory only for a copy), the
 // accesses the op makes, and for an asynchronous copy, its staging and its cost on the simulated clock.
 // Plain functions of the memory registry; the engine (executor/simulated/engine.hpp) enqueues the ops.
+// Why: docs/design-notes.md#executor-simulated-copies
 
 #include <cstddef>
 #include <cstdint>
@@ -62,10 +63,7 @@ inline allocation reached_by_kernel(const memory_registry& memory, const std::se
   return *place.holder;
 }
 
-// An asynchronous copy of some ranges, as one op. A pageable host side is what CUDA makes of it: a
-// pageable source is staged when the copy is issued (the caller may reuse it once the call returns),
-// and a copy into pageable memory returns only once it has landed, in stream order (the host waits for
-// the stream up to it).
+// An asynchronous copy of some ranges, as one op; pageable host sides behave as in CUDA (staged source, synchronous sink).
 struct planned_copy {
   std::vector<op_access> accesses;
   std::vector<copy_range> work;  // the ranges to copy, a staged source in place of a pageable one

@@ -4,14 +4,9 @@
 // (executor/simulated/executor.hpp) is a thin layer over it. The devices are kept in
 // executor/simulated/devices.hpp, the sides of copies checked in executor/simulated/copies.hpp, and
 // kernels run in executor/simulated/launches.hpp.
-//
-// Work is enqueued and runs lazily, when the host synchronises with it (or frees memory, which drains
-// the owning device like cudaFree); the ops, the host clock and the race detector are the
-// happens-before core (executor/simulated/ordering.hpp).
-//
-// Errors are towerpipe::error thrown by the call that found them (the first, with a count of the
-// others it found); a violation found while freeing (in a destructor) is kept and thrown by the next
-// call, or by machine::check(). Ops run under the lock, so one call runs at a time.
+// Work runs lazily, when the host synchronises with it (executor/simulated/ordering.hpp); errors are thrown by the call
+// that found them, or, found while freeing, by the next call or machine::check(). One call runs at a time.
+// Why: docs/design-notes.md#executor-simulated-engine
 
 #include <algorithm>
 #include <cstddef>

@@ -1,15 +1,7 @@
 #pragma once
-// detail::simulated_executor — the executor interface that the device reducers are written against
-// (the CUDA executor implements the same members with kernels, copies and events) on a simulated
-// machine (executor/simulated/machine.hpp), in plain C++: the library's own device reducers run on it in
-// CI, without a GPU, and fail where a GPU would misbehave: races between streams, host reads without a
-// synchronisation, memory a device cannot reach, misaligned vector stores, ranges past an allocation,
-// launches on the wrong device, agents touching more than they declare (executor/simulated/engine.hpp has
-// the model).
-//
-// Handles (streams, events, memory) hold the machine, so they may outlive the executor that made them,
-// and be destroyed from any thread; streams are queues that keep running the work enqueued on them
-// after their handle is gone, as CUDA's do.
+// detail::simulated_executor — the executor interface of the device reducers (as the CUDA executor) on a simulated
+// machine in plain C++, failing where a GPU would misbehave. Handles may outlive the executor and die on any thread.
+// Why: docs/design-notes.md#executor-simulated-executor
 
 #include <algorithm>
 #include <chrono>

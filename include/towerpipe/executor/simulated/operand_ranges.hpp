@@ -4,8 +4,7 @@
 // inside one allocation, on the launch's device or a peer it has access to, stores vector-aligned —
 // and the checker that the agents' host I/O reports every access to (kernels/access_hook.hpp), which
 // refuses an access outside the declaration (it is not made) and keeps the first for the message.
-// Building the ranges costs O(roles x chunks); checking an access, a binary search over the merged
-// ranges.
+// Why: docs/design-notes.md#executor-simulated-operand_ranges
 
 #include <algorithm>
 #include <cstddef>

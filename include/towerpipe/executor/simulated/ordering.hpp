@@ -2,14 +2,9 @@
 // The simulated devices' happens-before core: the ops enqueued on streams, run lazily when the host
 // synchronises with them, the host clock, and the race detector; the engine
 // (executor/simulated/engine.hpp) builds the API on it and calls it under its lock.
-//
-// Work runs in a seeded random order that keeps stream order and event waits and nothing else
-// (executor/simulated/op_queue.hpp). Every op carries the accesses it makes and a vector clock: its
-// stream's clock joined with the host clock at enqueue time and the records it waits for, then ticked.
-// The host has one clock, shared by all host threads; a host synchronisation joins the awaited op's
-// clock into it, and a host access ticks it. Conflicting accesses not ordered by happens-before are
-// races (executor/simulated/access_history.hpp), reported naming both ops. What a call finds (races,
-// work that failed) is kept for the engine to throw.
+// Work runs in a seeded random order that keeps stream order and event waits only; every op carries vector clocks, and
+// conflicting accesses not ordered by happens-before are races (executor/simulated/access_history.hpp).
+// Why: docs/design-notes.md#executor-simulated-ordering
 
 #include <algorithm>
 #include <cstddef>
@@ -110,10 +105,7 @@ class ordering {
     join(host_clock_, record->clock);
   }
 
-  // Freeing `freed` (cudaFree, cudaFreeHost) drains the owning device (every device, for pinned memory)
-  // and any other work that uses the memory, and the host is then ordered after the drained streams.
-  // Work of other devices that used the memory without the host being ordered after it races with the
-  // free, a write of the host's. Then the memory goes back to `memory`.
+  // Freeing drains the owning device (every device, for pinned memory) and any work using the memory (cudaFree).
   void free(allocation freed, memory_registry& memory) {
     const auto drained_here = [&](const stream_state& s) { return freed.owner == pinned_host || s.device == freed.owner; };
     std::vector<std::shared_ptr<const op>> users;  // pending work elsewhere that uses the memory

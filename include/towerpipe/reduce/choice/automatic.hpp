@@ -3,10 +3,7 @@
 // (reduce/choice/backends.hpp) that take the execution space's towers; at construction choose_backend
 // (reduce/choice/chooser.hpp) picks one from the towers' topology, and only that one is built.
 // pipeline::backend_name() says which, and the log sink (core/log.hpp) which and why.
-//
-// Every backend gives the same bits, so no choice can change a result. pipeline_options::time_backends
-// builds every candidate instead and times them on the first step that applies the optimizer
-// (reduce/choice/tuner.hpp); the fastest stays, the others go, the step counts once.
+// Why: docs/design-notes.md#reduce-choice-automatic
 
 #include <cstddef>
 #include <memory>

@@ -1,31 +1,9 @@
 #pragma once
-// choose_backend(tower_topology) — which reduction backend reduce::automatic runs, and why, from a described
-// topology: plain C++, so that every rule is tested with topologies no machine here has.
-//
-// Every backend gives the same bits (invariant 2), so the choice is about time only. The candidates are
-// the backends of reduce/choice/backends.hpp that take the towers; each brings its cost model
-// (reduce/common/backend_traits.hpp). The rules, first match wins:
-//   1. Several processes: the first candidate that spans them (reduce::sharded).
-//   2. Host towers: the least measured relative time (reduce::host: one pass over host memory;
-//      `towerpipe_host_benchmark` timed reduce::sharded at 1.5-5.1x its step with 1 and 2 towers, 2-core
-//      machine, 2026-12-02: benchmarks/results/2026-12-02-dev-backend-choice).
-//   3. GPU towers on one device: the fewest bytes through its memory (device0: 8N + 20 a parameter,
-//      Adam, where p2p_tree moves 20N - 4R; on one H200 (2026-11-30, ResNet-50, Adam) p2p_tree took 1.03x /
-//      1.42x / 1.70x device0's time at 2 / 4 / 8 towers: benchmarks/results/2026-11-30-h200).
-//   4. GPU towers on several devices: a model, not a measurement (one GPU was all that could be run).
-//      Between devices the links are the narrow part (PCIe 55 GB/s each way against 4.2 TB/s of device
-//      memory on the H200 machine), so each candidate is costed by the gradient and parameter elements
-//      its busiest device's link carries each way per parameter: both the exchange and the broadcast go
-//      over it. Without peer access the device backends' copies go through host memory, crossing both
-//      devices' links with the same per-link bytes. The host parameter server (reduce::host with GPU
-//      towers) moves each tower's gradient down and parameters up over its own device's link, then runs a
-//      pass over host memory; it is costed in seconds with the machine's link and host-memory bandwidths
-//      (tower_topology::link_bytes_per_second, host_bytes_per_second: the H200 machine's by default), and
-//      the device backends likewise, their links taken as no faster than PCIe (which favours the host).
-// Ties go to the earlier backend in the list (reduce/choice/backends.hpp).
-// pipeline_options::time_backends replaces the model by the user's own machine.
+// choose_backend(tower_topology) — which reduction backend reduce::automatic runs, and why, from a described topology
+// (plain C++, tested with topologies no machine here has). Every backend gives the same bits, so only time counts;
+// ties go to the earlier backend in reduce/choice/backends.hpp; pipeline_options::time_backends measures instead.
+// Why: docs/design-notes.md#reduce-choice-chooser
 
-#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <set>

@@ -2,13 +2,9 @@
 // backend_tuner — pipeline_options::time_backends for reduce::automatic (reduce/choice/automatic.hpp): every
 // candidate built, timed on the first step that applies the optimizer, the fastest kept.
 //
-// Each trial starts from the parameters, optimizer state and gradients the step began with (the device
-// backends add partial sums into the towers' gradient buffers), runs one candidate's passes and is timed
-// by the candidate's own stage_seconds; every candidate's first result is compared bit for bit with the
-// first candidate's (parameters, master, optimizer state; a checked step's sum of squares and first
-// non-finite element too), a difference throwing a towerpipe::error that names both backends and the
-// variable after restoring what the step began with. The fastest by median is kept; the step counts once.
-// Every backend gives the same bits, so no choice can change a result.
+// Each trial starts from what the step began with; every candidate's first result must equal the first candidate's bit
+// for bit (else a towerpipe::error naming both); the fastest by median is kept and the step counts once.
+// Why: docs/design-notes.md#reduce-choice-tuner
 
 #include <algorithm>
 #include <cstddef>

@@ -1,9 +1,7 @@
 #pragma once
-// Pieces the device reductions share, written once against an executor (exec/executor.hpp): the
-// optimizer state on the device that applies the optimizer (with a host mirror for reading it between
-// steps), the launches of the fused agent and of the screen with the tower count fixed at compile time
-// where it is small, a checked step's average, the tables a vectorised launch stores through (their
-// alignment checked on the host first) and the copy lists run on a stream.
+// Pieces the device reductions share, written once against an executor: the optimizer state, the fused and screen
+// launches, a checked step's average, the vector-aligned tables and the copy lists.
+// Why: docs/design-notes.md#reduce-common-device_state
 
 #include <cstddef>
 #include <memory>
@@ -43,11 +41,8 @@ void run_copies_async(const Executor& exec, const copy_list<T>& copies, const ty
     exec.copy_peer_async(c.target, c.target_device, c.source, c.source_device, c.elements * sizeof(T), stream);
 }
 
-// The optimizer state of a device reduction, on the device that applies the optimizer (tower 0's), and
-// the part of the reducer contract that goes with it: the device reducers derive from it. Their master
-// copy of the parameters is tower 0's replica, so setting parameters needs nothing more from them —
-// except with mixed precision (a bf16 or fp16 layout), where the master is a buffer of its own in the
-// master type on that device, beside the state.
+// The optimizer state of a device reduction on the device that applies it (tower 0's) and its part of the contract;
+// the master is tower 0's replica, or with mixed precision a master-type buffer beside the state.
 template <class Optim, class Layout, class Executor>
 class device_optimizer_state {
  public:

@@ -2,12 +2,8 @@
 // The host's fused pass, shared by the reducers that average and apply on the CPU: reduce::host for host
 // towers (reduce/host/host_towers.hpp) and for device towers (reduce/host/device_towers.hpp), and the
 // block programs reduce::sharded's host form uses (reduce/sharded/host_towers.hpp).
-//
-// The work is a table of chunks (variable, first element, count; plan/chunk_table.hpp) built once at
-// construction — the host form of a multi-tensor apply. Each chunk is processed in blocks small enough
-// for L1: the tower tree (plan/canonical_order.hpp) runs element-wise over scratch arrays, then the
-// optimizer's per-element update runs on the block. Every element's result depends only on its own
-// inputs, never on which thread took the chunk, so the parameters are bitwise reproducible run to run.
+// Every element's result depends only on its own inputs, never on which thread took the chunk.
+// Why: docs/design-notes.md#reduce-common-host_pass
 
 #include <algorithm>
 #include <cstddef>
@@ -48,11 +44,8 @@ void with_slot_count(int active, Body&& body) {
   }
 }
 
-// The optimizer over one block of `count` elements: p[k], the `active` state slots slots[s][k] and the
-// average g[k], on the host. The slot count is made a compile-time constant so that the compiler can
-// vectorise the loop, and the constants are copied into a local: through the reference the compiler
-// would have to assume that the stores to p and the state alias them, reload them every element and
-// give up vectorising. Shared by reduce::host and reduce::sharded.
+// The optimizer over one block of `count` elements on the host (slot count a compile-time constant and the constants
+// copied into a local, both so that the loop vectorises). Shared by reduce::host and reduce::sharded.
 template <class Optim, class T>
 void update_host_block(int active, T* p, T* const* slots, const T* g, std::size_t count,
                        const typename Optim::template step_constants<T>& constants) {

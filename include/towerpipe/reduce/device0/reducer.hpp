@@ -1,24 +1,7 @@
 #pragma once
-// reduce::device0 — the parameter server on the first tower's device. One fused multi-tensor kernel per
-// step reads every tower's gradient once (directly from other devices where peer access allows),
-// averages in the canonical order, applies the optimizer with the state held on that device, and writes
-// the new parameters into every tower's replica once. Bytes moved per parameter: 4N read + state
-// (read and written) + 4N written.
-//
-// Without peer access to a tower's device, that tower's gradients are first copied to a staging buffer
-// on the root device and its replica is written back from one (peer copies), with a one-time warning
-// through the log sink.
-//
-// A checked step (kernels/screen.hpp) runs the screen kernel into an average on the root device, then the
-// same fused kernel with that average as its one "tower" and the step's scale as its weight.
-//
-// Gradient buckets (pipeline/step_parts.hpp): a bucket's pass waits for the bucket's event on every
-// tower's stream and runs over the bucket's chunks on the root's stream, enqueued from the worker thread
-// while the towers go on; the rest waits for their whole gradients. The gradients of a tower the root
-// reaches only through copies are copied whole after the towers, so then every bucket waits for them.
-//
-// Written once against an executor (exec/executor.hpp): it runs on CUDA (exec::cuda) and on simulated
-// devices (exec::simulated).
+// reduce::device0 — the parameter server on the first tower's device: one fused multi-tensor kernel a step reads every
+// tower's gradient once, averages in the canonical order, applies the optimizer and writes every replica once.
+// Why: docs/design-notes.md#reduce-device0-reducer
 
 #include <cstddef>
 #include <map>

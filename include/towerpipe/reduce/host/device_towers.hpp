@@ -1,32 +1,7 @@
 #pragma once
-// reduce::host with device towers (exec::cuda, exec::simulated) — the tutorial's CPU parameter server, done well. The master parameters
-// live in pinned host memory; per step, every tower's gradients come down into pinned buffers, the CPU
-// threads run the same fused pass as for host towers (canonical average + optimizer, reduce/host/host_towers.hpp),
-// and the new parameters go up into every replica. The variables are cut into transfer groups of about
-// group_elements, so that group g+1 comes down while the CPU works on g and g-1 goes up: the PCIe
-// transfers in both directions and the CPU overlap. A checked step (kernels/screen.hpp) screens each
-// group as it arrives, then applies and uploads group by group.
-//
-// What keeps the transfers at the link's speed as towers are added:
-// - Downloads are issued group-major (group 0 of every tower, then group 1, ...): a copy engine serves
-//   the streams of one device roughly in issue order, and tower-major issue would hold the CPU's first
-//   group until nearly every tower's whole gradient had come down.
-// - Towers that share a device share one upload: the new parameters go up once per device, into its
-//   first tower's replica, and are copied on the device (HBM, ~50x PCIe) into the others.
-// - layout::per_variable's groups span many separate allocations: they move in one
-//   batched copy (cudaMemcpyBatchAsync) per group and direction, not one call per variable.
-//
-// Gradient buckets (pipeline/step_parts.hpp): a bucket's gradients come down as soon as every
-// tower's stream has passed the bucket's event, the CPU averages (and in an unchecked step applies) them
-// and the bucket's parameters go up, all while the towers compute; what the towers left then goes through
-// the same pipeline of transfer groups, and finishes the step. A bucket's host pass runs on a thread
-// pool of the reducer's own: GPU tower functions only enqueue, so the towers' pool is mostly idle while
-// their devices compute, but the main thread holds it until every tower function has returned.
-//
-// Mixed precision (bf16 or fp16 towers; every such step is a checked one): the 16-bit gradients come
-// down and the pass widens them (reduce/host/host_towers.hpp); the master, the state and the average are fp32 in
-// host memory, and the pass writes the new parameters rounded to nearest even into a pinned 16-bit
-// buffer, which goes up: both directions move 2 bytes a parameter.
+// reduce::host with device towers (exec::cuda, exec::simulated): the master parameters in pinned host memory; gradients
+// come down, the CPU runs host towers' fused pass and parameters go up, in transfer groups that overlap both ways.
+// Why: docs/design-notes.md#reduce-host-device_towers
 
 // Written once against an executor (exec/executor.hpp); the host pass declares what it reads and writes
 // of the pinned buffers, so that the simulation checks it against the copies.

@@ -1,17 +1,10 @@
 #pragma once
-// One owner of reduce::sharded with device towers on its device, the same for both forms: a tower's device
-// in one process (reduce/sharded/device_towers.hpp, an owner per tower) and a process
-// (reduce/sharded/device_towers_across_processes.hpp, an owner per process). Its plain-C++ part —
-// its slice, its slice of the state, for checked steps its slice of the average, across processes and
-// with mixed precision its master slice — is wiring/owner_wiring.hpp's slice_owner in device memory;
-// here, written against an executor (exec/executor.hpp), its stream and timing events, the tables uploaded (their vector alignment checked on the host
-// first, for the element type of each table: the master type for the owner's own storage, the towers'
-// stored type for tables over their buffers), the screen of its tiles, and the state's and the
-// master's values to and from the host between steps.
+// One owner of reduce::sharded with device towers on its device (a tower's device, or a process): owner_wiring's slice
+// in device memory, with its stream, events, uploaded tables, tile screen and the state's and master's host copies.
+// Why: docs/design-notes.md#reduce-sharded-device_owner
 
 #include <cstddef>
 #include <memory>
-#include <type_traits>
 #include <utility>
 #include <vector>
 

@@ -1,42 +1,8 @@
 #pragma once
-// reduce::sharded for device towers (GPUs, or simulated ones), in one process: the optimizer sharded over the towers' devices.
-// Tower t's device owns slice t of the chunk table (plan/owner_slices.hpp: whole chunks, about 1/N of
-// the parameters) and holds only that slice's optimizer state (and, for checked steps, that slice of the
-// average). A step runs, on every owner's stream at once, the fused multi-tensor kernel of
-// reduce::device0 over the owner's chunks: it reads that slice of every tower's gradient (peer reads),
-// sums in the canonical order, applies the optimizer with the owner's state, and writes the new slice
-// into every tower's replica (peer writes). As for device0, the master copy of the parameters is tower
-// 0's replica: each owner reads its slice there. The agents and the tree are device0's, element for element,
-// so the result is bitwise device0's (docs/guide.md, invariant 2); only who computes which element differs.
-//
-// Mixed precision (bf16/fp16 towers: layout::flat<bfloat16>, layout::per_variable<float16>, ...): as
-// device0, every step is a checked one and the master is fp32 of its own — here each owner keeps its
-// slice of it, beside its fp32 slice of the state and of the average. The screen widens the towers'
-// 16-bit gradients into the owner's fp32 average; the apply reads and writes the owner's master slice
-// and writes it rounded to nearest even into every tower's replica (optimizer_apply with a master
-// table), so the master and the replicas are bitwise the host's mixed pipeline's. parameter_set sets
-// every owner's part of the master, master_on_host gathers the owners' parts.
-//
-// Bytes: every owner reads N gradients' and writes N replicas' worth of its slice, so all owners
-// together move what device0 moves, spread over the devices: on one GPU it costs about device0's time,
-// on devices joined by NVLink each link carries 1/N of it. The state is 1/N per device.
-//
-// Checked steps (kernels/screen.hpp): each owner screens its slice's average into its own buffer; slices
-// start where screen tiles start (chunks are whole tiles), so the owners' tile sums in owner order are
-// the whole table's, and the first non-finite key is their minimum. Then each owner applies.
-//
-// Where an owner's device cannot address a tower's (no peer access, or
-// pipeline_options::direct_device_access off), the owner copies that tower's slice of the gradients in
-// and its new slice of the parameters out (16-bit values with mixed precision), with a one-time warning
-// through the log sink.
-//
-// Gradient buckets (pipeline/step_parts.hpp): each owner runs its pass over the chunks of a
-// bucket that lie in its slice as soon as every tower has marked the bucket, while the towers go on;
-// it writes every replica's elements of that bucket only, which no tower reads any more this step.
-//
-// With pipeline_options::processes, the towers of several processes: reduce/sharded/device_towers_across_processes.hpp
-// (reducer_for below makes the choice at run time, so that a pipeline's type does not depend on how it is
-// launched). Written once against an executor (exec/executor.hpp).
+// reduce::sharded for device towers in one process: tower t's device owns slice t of the chunk table (and only that
+// slice's optimizer state) and runs device0's fused pass over it; bitwise device0's (docs/guide.md, invariant 2).
+// Across processes: reduce/sharded/device_towers_across_processes.hpp (reducer_for below picks at run time).
+// Why: docs/design-notes.md#reduce-sharded-device_towers
 
 #include <algorithm>
 #include <cstddef>

@@ -1,42 +1,7 @@
 #pragma once
-// reduce::sharded for device towers across processes (pipeline_options::processes): each process runs L
-// GPU towers and owns one slice of the chunk table (plan/exchange_plan.hpp), with that slice's
-// optimizer state on its towers' first device (1/R of it). Global tower index = rank-major. A step, on
-// the device of the process's tower 0:
-//   1. contributions (kernels/process_agents.hpp): for every owner, this process's canonical partial of
-//      w_t * g_t over its towers (L a power of two: a subtree of the global tree) or each tower's
-//      w_t * g_t (other L: L times the bytes), into the send buffer;
-//   2. the all-to-all: every owner gets every process's contributions to its slice;
-//   3. the owner's pass: the canonical sum over the R (or R * L) rows, the optimizer with its state and
-//      its slice of the parameters (a master copy of its own, which set_parameter keeps current: the
-//      pipeline tells the reducer, parameter_set);
-//   4. the gather: every process gets every slice, then copies the whole into each of its towers'
-//      replicas.
-// The element programs are those of one process, element for element, so the parameters are bitwise
-// those of one process with all R * L towers (docs/guide.md, invariant 2), whatever the transport.
-//
-// The transport is the group's: a group that moves device memory itself (comm/nccl.cuh) keeps the
-// exchange on the devices; any other (comm/mpi.hpp) is staged through pinned host memory
-// (comm/device_collectives.hpp). Checked steps: the senders screen their raw gradients (under global
-// tower indices), the owners screen their slice of the average and the tiles' sums are shared as for
-// host towers (reduce/sharded/host_towers.hpp). Local towers whose devices tower 0's cannot address (no peer access,
-// or pipeline_options::direct_device_access off) have their gradients copied in and their parameters
-// copied out (peer copies), with a one-time warning through the log sink.
-//
-// Gradient buckets (pipeline/step_parts.hpp): a bucket's contributions (step 1) go as soon as every local
-// tower has marked it, while the towers go on; the exchange follows the rest, after the towers (also after
-// a tower failed: every process makes it), and the owners' passes only after the processes agreed on the
-// towers (finish). The all-to-all moves every owner's rows at once (its blocks are fixed per step).
-//
-// Mixed precision (bf16/fp16 towers), as for host towers across processes (reduce/sharded/host_towers.hpp),
-// so that GPU and host towers agree bitwise: every step is a checked one; the contributions are the
-// widened gradients' products in fp32, the exchange and the owner's slices (master, state, average) are
-// fp32; the gather brings every process the whole fp32 master (4 bytes a parameter), which master_on_host
-// reads, and a narrowing copy rounds it to nearest even into each tower's replica — for the towers tower
-// 0's device does not reach, into one rounded copy on that device, copied out from there
-// (wiring/exchange_buffers.hpp gathered_broadcast).
-
-// Written once against an executor (exec/executor.hpp).
+// reduce::sharded for device towers across processes: each process owns one slice of the chunk table (plan/exchange_plan.hpp)
+// and its optimizer state on its tower 0's device; bitwise one process with all R * L towers (docs/guide.md, invariant 2).
+// Why: docs/design-notes.md#reduce-sharded-device_towers_across_processes
 
 #include <cstddef>
 #include <exception>
