@@ -282,7 +282,7 @@ TEST_CASE("accumulation, throw_error and checkpoints on simulated devices, bitwi
   each(reduce::host{}, 630);
 }
 
-TEST_CASE("reduce::automatic on simulated devices picks a backend and trains bitwise; timing them changes no bit",
+TEST_CASE("reduce::automatic on simulated devices picks a backend and trains bitwise, and timing them changes no bit",
           "[simulated][automatic]") {
   check_simulated<reduce::automatic, layout::flat<float>>({4, 1, true, true, 1}, {small_buckets({})}, 700);
   check_simulated<reduce::automatic, layout::flat<float>>({4, 4, true, true, 2}, {unchecked()}, 701);

@@ -3,9 +3,11 @@
 // bucket once every tower marked it, on a worker thread while the towers go on; after the towers, the rest as one part.
 // Why: docs/design-notes.md#pipeline-step_parts
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "towerpipe/core/log.hpp"
@@ -33,9 +35,10 @@ class step_parts final : public tower_ready_listener {
     towers_.prepare_bucket_events(plan_.count());
     towers_.set_ready_listener(this);
     if (plan_.count() == 1 && variables.count() > 1)
-      log_note(make_message("one gradient bucket: the cap of ", buckets.cap_bytes, " bytes holds all ", variables.total_size() * element_bytes,
-                            " bytes of gradients, so marking them ready overlaps nothing with the towers; pipeline_options::buckets.cap_bytes ",
-                            "below that cuts more buckets (or buckets.groups names them)"));
+      one_bucket_note_ = make_message("one gradient bucket: the first bucket's cap of ", std::min(buckets.first_cap_bytes, buckets.cap_bytes),
+                                      " bytes holds all ", variables.total_size() * element_bytes, " bytes of gradients, so marking them ",
+                                      "ready overlaps nothing with the towers; pipeline_options::buckets.first_cap_bytes below that cuts ",
+                                      "more buckets (or buckets.groups names them)");
   }
   ~step_parts() { towers_.set_ready_listener(nullptr); }
   step_parts(const step_parts&) = delete;
@@ -55,6 +58,7 @@ class step_parts final : public tower_ready_listener {
   }
 
   void gradient_ready(std::size_t tower, std::size_t variable) override {
+    if (!one_bucket_note_.empty() && !one_bucket_noted_.exchange(true)) log_note(one_bucket_note_);  // said once, at the first mark
     const bool marks_to_come = marks_left_.fetch_sub(1) > 1;
     const std::size_t bucket = readiness_.mark_for_tower(tower, variable);
     if (bucket == no_bucket) return;
@@ -143,6 +147,8 @@ class step_parts final : public tower_ready_listener {
   std::vector<char> reduced_;        // [bucket]: reduced, hidden or 0 this step (written by the worker, read after a drain)
   std::atomic<std::size_t> marks_left_{0};  // this step's marks still to come, over every tower
   std::vector<std::size_t> rest_;    // the variables after_towers reduces
+  std::string one_bucket_note_;      // a model of one bucket (more than one variable): what its first mark logs
+  std::atomic<bool> one_bucket_noted_{false};
   background_worker worker_;         // last: joined before the rest goes
 };
 
