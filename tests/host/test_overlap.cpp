@@ -315,8 +315,9 @@ TEST_CASE("reduce::sharded across processes: a tower failing after buckets were 
       sharded_trainer<layout::flat<float>>& p = *ranked[r];
       if (!train(p, 1, true, r)) throw std::runtime_error("step 1's buckets did not go during the towers");
       for (std::size_t v = 0; v < model.count(); ++v) before[r].emplace_back(p.parameter(v).begin(), p.parameter(v).end());
+      const std::vector<float> x{1.0f, 0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.5f, 3.0f, -2.0f};  // a batch does not own its data
       batch whole;
-      whole.add("x", std::vector<float>{1.0f, 0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.5f, 3.0f, -2.0f}, {1});
+      whole.add("x", x, {1});
       const batch_part part = p.process_part(whole.examples());
       try {
         p.step(whole.slice(part.first, part.examples), [&](auto& tower) {
