@@ -15,6 +15,7 @@ fi
 [ "${SKIP_BUILD:-0}" = 1 ] || cmake --workflow --preset sanitize
 build=build/sanitize
 # Every template instantiation's counts of a line merged; exceptional branches are not lines.
-gcovr --root "$PWD" --filter "$PWD/include/" --object-directory "$build" --json "$build/coverage.json" \
+gcovr --root "$PWD" --filter "$PWD/include/" --exclude-directory ".*/CMakeFiles/[0-9.]+/.*" --object-directory "$build" --json "$build/coverage.json" \
   --merge-mode-functions=separate --gcov-ignore-parse-errors=negative_hits.warn_once_per_file "$build" >/dev/null
-python3 tests/coverage_report.py "$build/coverage.json" --include include --limit "${LIMIT:-1000}" | tee "$build/coverage.txt"
+ninja -C "$build" -t deps > "$build/compiled.deps"  # which headers the host build compiled
+python3 tests/coverage_report.py "$build/coverage.json" --include include --deps "$build/compiled.deps" --limit "${LIMIT:-1000}" | tee "$build/coverage.txt"
