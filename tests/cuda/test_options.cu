@@ -59,7 +59,8 @@ TEST_CASE("on_nonfinite = throw_error on GPU towers throws, names the element an
     pipeline<exec::cuda, R, optim::adam, layout::flat<float>> p(test_variables, test_inputs, 3, {}, throwing);
     random_source random(salt);
     auto plan = towerpipe_tests::draw_plan<float>(random, test_variables, 3, 1);
-    const std::vector<float> before(p.parameter(3).begin(), p.parameter(3).end());
+    const auto initial = p.parameter(3);
+    const std::vector<float> before(initial.begin(), initial.end());
     plan[0][1][3][17] = std::nanf("");
     CHECK_THROWS_WITH(towerpipe_tests::run_step(p, plan[0], 8, true),
                       Catch::Contains("non-finite averaged gradient at element 17") && Catch::Contains("tower 1's gradient"));
