@@ -24,10 +24,10 @@
 # second PHASES="bench train". Each phase prints its wall time against its budget and the run stops at
 # once, with a FAILED line, when a phase overruns (CALL_BUDGET, default 570 s, bounds a call's phases).
 # Estimate (2026-12-02), from CPU-seconds measured for sm_90 on the loaded 2-core dev machine with
-# cmake/time-compile.sh: a GPU unit costs ~17 CPU-s of headers plus ~35 per set of pipelines; the build
-# is ~40 CUDA units (11 GPU-test units, 13 train units, the MPI test, the benchmark, 13 header units,
-# minimal_cuda, without_device) of 15-60 CPU-s, ~1300-1600 CPU-s with the host units: on 16 cores ~100
-# s of compiling, the longest unit (~60 s) on the tail, ~20 s of linking, ~25 s of configure: build
+# cmake/time-compile.sh: the GPU-test units 35-59 s each (516 s in all), train's 13 units 17-58 s (~690
+# s), the GPU benchmark 89 s and the GPU MPI test 86 s (the two longest: not split yet), minimal_cuda
+# 30 s, the 13 CUDA header units ~75 s, the host units a few hundred: ~1700 CPU-s. On 16 cores ~110 s
+# of compiling with the 89-s unit on the tail, ~20 s of linking, ~25 s of configure: build
 # ~2.5 min (budget 300 s; seconds on a warm machine). test: ctest -j 8 of the GPU-side tests ~1.5 min
 # (the GPU tests ~1 min on the H200: 5.6 s at b1e23f7, the suite ~10x since; examples.train_ranks ~30 s;
 # examples.train_program two short GPU trainings), many_towers (9-16 only) ~1 min, the MPI GPU steps
