@@ -28,7 +28,7 @@ namespace towerpipe_examples {
   } while (0)
 
 // The kernels are templates (only ever of float) so that this header can be in more than one
-// translation unit (train_gpu.cu, train_gpu_mixed.cu): one that is not a template is defined in each,
+// translation unit (train_gpu.cu and the generated train_gpu_units/*.cu): one that is not a template is defined in each,
 // and the link fails.
 namespace kernels {
 

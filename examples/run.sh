@@ -15,7 +15,8 @@ if [ ! -f "$data" ] && [[ " $* " != *" --data "* && " $* " != *" --generated "* 
   extra=(--generated 60000)
 fi
 # train's translation units: train.cpp and train_mixed.cpp (host towers, fp32 and 16-bit), plus
-# train_gpu.cu and train_gpu_mixed.cu (GPU towers) where nvcc is found. Measured on the 2-core dev
+# the GPU towers' units where nvcc is found (train_gpu.cu and one generated unit per optimizer and layout,
+# examples/CMakeLists.txt; the figures below are from when they were two units, train_gpu.cu and train_gpu_mixed.cu). Measured on the 2-core dev
 # machine (g++ 12 -O3, nvcc 13.0 for sm_75; 2026-12-02, load 1.4-6): about 127 + 114 CPU-seconds for the
 # host ones, 261 + 301 for the GPU ones (pipelines: 18 in each; 30 in each). GPU towers are built only where a GPU is visible (nvidia-smi -L lists one), since
 # without one the program trains on host towers anyway; TOWERPIPE_GPU_TOWERS=on|off decides otherwise.

@@ -1,8 +1,8 @@
 #pragma once
 // The training program's GPU towers (examples/train.cpp has the rest): their program, their evaluation
-// and their training through the backend --backend names. train_gpu.cu builds fp32 towers' trainings, train_gpu_mixed.cu
-// the 16-bit ones (a translation unit each: compile time), both with nvcc only where the CUDA toolkit
-// is, so that the host-tower program builds with the C++ compiler alone.
+// and their training through the backend --backend names. Each optimizer and layout's training is a
+// translation unit of its own (examples/train_gpu_unit.cu.in; compile time), built with nvcc only where
+// the CUDA toolkit is, so that the host-tower program builds with the C++ compiler alone.
 #include <towerpipe/cuda.cuh>
 
 #include <memory>

@@ -68,8 +68,8 @@ struct usage_error : std::runtime_error {
 
 // 16-bit towers come in one layout per precision: bf16 flat, fp16 per_variable. Each combination of
 // precision and layout is a pipeline per optimizer and backend to compile, for host and GPU towers: as
-// measured (2-core dev machine, shared), these two cost train_mixed.cpp ~47 s and train_gpu_mixed.cu
-// (every backend) ~115 s of CPU; both layouts of both precisions would double that (host towers' four:
+// measured (2-core dev machine, shared), these two cost train_mixed.cpp ~47 s and the 16-bit GPU trainings
+// (every backend; now one translation unit per optimizer and layout) ~115 s of CPU; both layouts of both precisions would double that (host towers' four:
 // 2 x ~65 s).
 // (Spelled towerpipe::bfloat16: OpenBLAS's cblas.h declares a global bfloat16.)
 using bf16_layout = layout::flat<towerpipe::bfloat16>;

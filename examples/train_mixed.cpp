@@ -1,5 +1,5 @@
 // train --precision bf16 | fp16: the trainings with 16-bit towers (host towers; 16-bit GPU towers call
-// train_on_gpus, built in train_gpu_mixed.cu), in a translation unit of their own so that they compile
+// train_on_gpus, built in the generated train_gpu_units/*.cu), in a translation unit of their own so that they compile
 // in parallel with train.cpp's fp32 towers (train_loop.hpp has the loop, mixed_precision.hpp the
 // towers' fp32 scratch).
 #include "train_loop.hpp"

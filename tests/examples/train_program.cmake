@@ -2,13 +2,21 @@
 # optimizer x layout x precision runs, 16-bit towers (--precision bf16, fp16) train and agree across
 # backends bitwise, bad flags and files give a one-line error and a non-zero exit, the
 # timeline holds every stage of every step, the gradient buckets reduced during the towers change no
-# bit (--no-overlap), and resuming from a checkpoint ends bitwise where the uninterrupted run ends.
+# bit (--no-overlap), and resuming from a checkpoint ends bitwise where the uninterrupted run ends — on
+# host towers. Where a GPU is visible, only the GPU block runs (two short trainings on GPU towers).
 # Run as: cmake -DTRAIN=<path> -DWORK=<dir> -P train_program.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 set(small --generated 600 --batch-size 40 --log-every 1000)
 
+# Every run but those of the GPU block trains host towers (--cpu-towers), whatever the machine: their
+# assertions (the blas: line, timeline event counts, host-only backends) are about host towers.
 function(run_train out_var expected_status)
+  run_train_on(${out_var} ${expected_status} --cpu-towers ${ARGN})
+  set(${out_var} "${${out_var}}" PARENT_SCOPE)
+endfunction()
+# A run on whatever towers the machine offers: GPU towers where a GPU is visible.
+function(run_train_on out_var expected_status)
   execute_process(COMMAND ${TRAIN} ${ARGN} RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors)
   if(NOT status STREQUAL expected_status)
     message(FATAL_ERROR "train ${ARGN}: exit ${status}, expected ${expected_status}\n${output}\n${errors}")
@@ -85,6 +93,65 @@ function(bucket_inside_towers trace_file out_var)
   set(${out_var} FALSE PARENT_SCOPE)
 endfunction()
 
+# GPU towers, where a GPU is visible (tests/run_gpu.sh; CI has none): one short block with its own
+# expectations, and nothing else (the host towers' checks below are CI's, on a machine without a GPU). fp32 towers with a timeline: no blas: line (cuBLAS), reduce::automatic names its choice,
+# every step holds each GPU tower's compute and split copy and the device's reduction; fp16 towers with
+# dynamic loss scaling. (train --compare-backends on GPU towers: tests/run_gpu.sh's train phase.)
+# count_spans(TRACE ROW PREFIX OUT): the complete spans on row ROW whose name begins with PREFIX.
+function(count_spans trace_file row_name prefix out_var)
+  file(READ ${trace_file} trace)
+  string(JSON count LENGTH "${trace}" traceEvents)
+  math(EXPR last "${count} - 1")
+  set(tid "")
+  set(found 0)
+  foreach(i RANGE ${last})  # the row's name (metadata) comes before its spans
+    string(JSON kind GET "${trace}" traceEvents ${i} ph)
+    string(JSON name GET "${trace}" traceEvents ${i} name)
+    if(kind STREQUAL "M" AND name STREQUAL "thread_name")
+      string(JSON row GET "${trace}" traceEvents ${i} args name)
+      if(row STREQUAL row_name)
+        string(JSON tid GET "${trace}" traceEvents ${i} tid)
+      endif()
+    endif()
+  endforeach()
+  foreach(i RANGE ${last})
+    string(JSON kind GET "${trace}" traceEvents ${i} ph)
+    string(JSON name GET "${trace}" traceEvents ${i} name)
+    string(JSON event_tid GET "${trace}" traceEvents ${i} tid)
+    string(FIND "${name}" "${prefix}" at)
+    if(kind STREQUAL "X" AND NOT tid STREQUAL "" AND event_tid STREQUAL tid AND at EQUAL 0)
+      math(EXPR found "${found} + 1")
+    endif()
+  endforeach()
+  set(${out_var} ${found} PARENT_SCOPE)
+endfunction()
+run_train_on(gpu 0 ${small} --epochs 1 --towers 2 --timeline ${WORK}/gpu_trace.json)
+if(gpu MATCHES "2 GPU towers")
+  if(gpu MATCHES "\nblas: " OR NOT gpu MATCHES "\nbackend: reduce::[a-z0-9_]+, chosen by reduce::automatic: " OR
+     NOT gpu MATCHES "parameters checksum [0-9a-f]+")
+    message(FATAL_ERROR "GPU towers: no blas: line, reduce::automatic's choice and a checksum expected:\n${gpu}")
+  endif()
+  foreach(expect "tower 0 (GPU)|compute|15" "tower 1 (GPU)|compute|15" "tower 0 (GPU copy)|split copy|15" "split|check + split|15")
+    string(REPLACE "|" ";" expect "${expect}")
+    list(GET expect 0 row)
+    list(GET expect 1 prefix)
+    list(GET expect 2 expected)
+    count_spans(${WORK}/gpu_trace.json "${row}" "${prefix}" spans)
+    if(NOT spans EQUAL expected)
+      message(FATAL_ERROR "GPU towers: ${spans} spans '${prefix}' on row '${row}', expected ${expected} (${WORK}/gpu_trace.json)")
+    endif()
+  endforeach()
+  run_train_on(gpu 0 ${small} --epochs 1 --towers 2 --precision fp16)
+  if(NOT gpu MATCHES "2 GPU towers" OR NOT gpu MATCHES "\nloss scaling: dynamic, from 65536 " OR
+     NOT gpu MATCHES "\nloss scale: [0-9]+ at the end; [0-9]+ of 15 steps skipped")
+    message(FATAL_ERROR "fp16 GPU towers must train with dynamic loss scaling and report it:\n${gpu}")
+  endif()
+  message(STATUS "train program: GPU towers checked; the host towers' checks are CI's (run without a GPU)")
+  return()
+elseif(NOT gpu MATCHES "2 host towers")
+  message(FATAL_ERROR "the model line must name the towers:\n${gpu}")
+endif()
+
 # It trains: accuracy far above chance (10%) after 3 epochs, and rises from the first epoch. Flags
 # take "--flag value" and "--flag=value".
 run_train(out 0 ${small} --epochs=3 --towers 3 --lr=0.01)
@@ -150,7 +217,7 @@ if(blas MATCHES "^OpenBLAS .*, kernel [A-Za-z0-9]+$")
     set(${forced}_core "${core}")
   endforeach()
   if(has_avx2)
-    execute_process(COMMAND ${CMAKE_COMMAND} -E env OPENBLAS_CORETYPE=Prescott ${TRAIN} ${small} --epochs 1
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env OPENBLAS_CORETYPE=Prescott ${TRAIN} --cpu-towers ${small} --epochs 1
                     RESULT_VARIABLE status OUTPUT_VARIABLE forced)
     if(NOT status EQUAL 0 OR NOT forced MATCHES "blas: [^\n]*kernel Prescott\nblas: this kernel's vectors are narrower than this CPU's[^\n]*OPENBLAS_CORETYPE=${Prescott_core} ")
       message(FATAL_ERROR "OpenBLAS forced to Prescott: the run did not name OPENBLAS_CORETYPE=${Prescott_core}:\n${forced}")
@@ -407,4 +474,5 @@ run_train(out 1 ${small} --epochs 2 --checkpoint ${WORK}/resumed --resume)
 if(NOT out MATCHES "not a towerpipe checkpoint")
   message(FATAL_ERROR "a damaged checkpoint must be rejected: ${out}")
 endif()
+
 message(STATUS "train program: all checks passed")

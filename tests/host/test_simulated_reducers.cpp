@@ -25,11 +25,20 @@
 #include <type_traits>
 #include <vector>
 
+#include "reference_runs.hpp"
 #include "test_support.hpp"
 
 using namespace towerpipe;
+using towerpipe_tests::clipped;
+using towerpipe_tests::compare_with_host;
 using towerpipe_tests::first_bitwise_difference;
+using towerpipe_tests::plan_tower;
 using towerpipe_tests::random_source;
+using towerpipe_tests::run_case;
+using towerpipe_tests::run_step;
+using towerpipe_tests::small_buckets;
+using towerpipe_tests::step_gradients;
+using towerpipe_tests::unchecked;
 
 namespace {
 
@@ -71,141 +80,24 @@ pipeline_options on_machine(pipeline_options options, const machine_case& m, con
   return options;
 }
 
-// One step's gradients, [tower][variable], in the towers' stored type.
-template <class Stored>
-using step_gradients = std::vector<std::vector<std::vector<Stored>>>;
-
 template <class Stored>
 std::vector<step_gradients<Stored>> draw_plan(random_source& random, std::size_t towers, int steps) {
-  std::vector<step_gradients<Stored>> plan(static_cast<std::size_t>(steps), step_gradients<Stored>(towers));
-  for (auto& step : plan) {
-    for (auto& tower : step) {
-      for (const variable& v : sim_variables) {
-        const std::vector<float> values = random.wide(v.size);
-        tower.emplace_back();
-        for (float x : values) tower.back().push_back(detail::narrow<Stored>(x));
-      }
-    }
-  }
-  return plan;
+  return towerpipe_tests::draw_plan<Stored>(random, sim_variables, towers, steps);
 }
-
-// The tower function of every pipeline here: the plan's gradients, variable by variable in backward
-// order, each marked ready once written when `mark` (gradient buckets reduced during the towers).
-template <class Stored>
-struct plan_tower {
-  const step_gradients<Stored>* step;
-  bool mark;
-  template <class Context>
-  double operator()(Context& tower) const {
-    for (std::size_t v = sim_variables.count(); v-- > 0;) {
-      const std::vector<Stored>& g = (*step)[tower.tower()][v];
-      tower.write_gradient(v, g.data(), g.size());
-      if (mark) tower.gradient_ready(v);
-    }
-    return 0.25 * static_cast<double>(tower.tower() + 1);
-  }
-};
-
-template <class Pipeline, class Stored>
-step_stats run_step(Pipeline& p, const step_gradients<Stored>& gradients, std::size_t examples, bool mark) {
-  const std::vector<float> x(examples, 1.0f);
-  batch b;
-  b.add("x", x.data(), examples, {1});
-  return p.step(b, plan_tower<Stored>{&gradients, mark});
-}
-
-// Parameters and optimizer state bitwise, and the step's report.
-template <class A, class B>
-void check_alike(A& simulated, B& reference) {
-  for (std::size_t v = 0; v < sim_variables.count(); ++v) {
-    INFO("variable " << sim_variables[v].name);
-    CHECK(first_bitwise_difference(simulated.parameter(v), reference.parameter(v)) == -1);
-    for (std::size_t slot = 0; slot < reference.optimizer_state_slots(); ++slot)
-      CHECK(first_bitwise_difference(simulated.optimizer_state(slot, v), reference.optimizer_state(slot, v)) == -1);
-  }
-  CHECK(simulated.steps_done() == reference.steps_done());
-}
-void check_alike(const step_stats& simulated, const step_stats& reference) {
-  CHECK(simulated.loss == reference.loss);
-  CHECK(simulated.skipped == reference.skipped);
-  CHECK(simulated.accumulating == reference.accumulating);
-  CHECK(simulated.clip_coefficient == reference.clip_coefficient);
-  // Bitwise: a skipped step's norm is NaN, which == never matches.
-  REQUIRE(simulated.gradient_norm.has_value() == reference.gradient_norm.has_value());
-  if (simulated.gradient_norm) CHECK(std::memcmp(&*simulated.gradient_norm, &*reference.gradient_norm, sizeof(double)) == 0);
-  CHECK(simulated.nonfinite.has_value() == reference.nonfinite.has_value());
-  if (simulated.nonfinite && reference.nonfinite) {
-    CHECK(simulated.nonfinite->variable == reference.nonfinite->variable);
-    CHECK(simulated.nonfinite->element == reference.nonfinite->element);
-    CHECK(simulated.nonfinite->tower == reference.nonfinite->tower);
-  }
-}
-
-// What a run does besides the steps.
-struct run_case {
-  pipeline_options options;  // checked or not, clipping, loss scaling, accumulation, buckets
-  bool mark = true;          // towers mark their gradients ready (buckets during the towers)
-  int steps = 4;
-  int bad_step = -1;         // a NaN (tower towers-1, "odd"[4000]) and an infinity ("w"[5]) in this step's gradients
-  bool checkpoint = false;   // the simulated pipeline saves after step 2 and a fresh one resumes from the file
-};
 
 template <class Reduce, class Layout, class Optim = optim::adam>
 void check_simulated(const machine_case& m, const run_case& c, std::uint64_t salt) {
-  using stored = typename Layout::value_type;
   random_source random(salt);
-  INFO(Reduce::name << " " << Layout::name << " " << sizeof(stored) << "-byte values, " << describe(m) << ", seed " << random.seed());
-  auto plan = draw_plan<stored>(random, m.towers, c.steps);
-  if (c.bad_step >= 0) {
-    auto& bad = plan[static_cast<std::size_t>(c.bad_step)];
-    bad[m.towers - 1][3][4000] = detail::narrow<stored>(std::numeric_limits<float>::quiet_NaN());
-    bad[0][0][5] = detail::narrow<stored>(std::numeric_limits<float>::infinity());
-  }
-  typename Optim::hyper_parameters h;
-  const std::size_t examples = 3 * m.towers - 1;  // uneven: distinct weights
+  INFO(Reduce::name << " " << Layout::name << " " << sizeof(typename Layout::value_type) << "-byte values, " << describe(m)
+                    << ", seed " << random.seed());
   const auto machine = make_machine(m);
   using simulated_trainer = pipeline<exec::simulated, Reduce, Optim, Layout>;
-  auto simulated = std::make_unique<simulated_trainer>(sim_variables, sim_inputs, m.towers, h, on_machine(c.options, m, machine));
-  pipeline_options host_options = c.options;
-  host_options.time_backends = 0;
-  pipeline<exec::host, reduce::host, Optim, Layout> reference(sim_variables, sim_inputs, m.towers, h, host_options);
-  for (std::size_t v = 0; v < sim_variables.count(); ++v) {
-    const std::vector<float> initial = random.normal(sim_variables[v].size);
-    simulated->set_parameter(v, initial.data(), initial.size());
-    reference.set_parameter(v, initial.data(), initial.size());
-  }
-  const std::string path = "simulated_" + std::to_string(salt) + ".ckpt";
-  for (int s = 0; s < c.steps; ++s) {
-    INFO("step " << s + 1);
-    const step_stats mine = run_step(*simulated, plan[static_cast<std::size_t>(s)], examples, c.mark);
-    const step_stats theirs = run_step(reference, plan[static_cast<std::size_t>(s)], examples, c.mark);
-    check_alike(mine, theirs);
-    check_alike(*simulated, reference);
-    if (c.checkpoint && s == 1) {
-      save_checkpoint(*simulated, path);
-      simulated = std::make_unique<simulated_trainer>(sim_variables, sim_inputs, m.towers, h, on_machine(c.options, m, machine));
-      load_checkpoint(*simulated, path);
-      std::remove(path.c_str());
-      check_alike(*simulated, reference);
-    }
-  }
-  simulated.reset();
+  const auto make = [&] {
+    return std::make_unique<simulated_trainer>(sim_variables, sim_inputs, m.towers, typename Optim::hyper_parameters{},
+                                               on_machine(c.options, m, machine));
+  };
+  compare_with_host<Layout, Optim>(sim_variables, sim_inputs, m.towers, c, random, make, [](int, simulated_trainer&) {});
   machine->check();  // nothing found while freeing
-}
-
-pipeline_options unchecked() {
-  pipeline_options options;
-  options.on_nonfinite = nonfinite_policy::unchecked;
-  return options;
-}
-pipeline_options small_buckets(pipeline_options options) {
-  options.buckets.cap_bytes = 1;  // a bucket per variable
-  return options;
-}
-pipeline_options clipped(pipeline_options options) {
-  options.max_grad_norm = 0.5;
-  return options;
 }
 
 // The cases every backend runs, fp32, with the seeds given.
@@ -349,6 +241,9 @@ TEST_CASE("sharded across processes on simulated devices equals one host pipelin
   check_across_processes<layout::per_variable<float>>(3, 3, {clipped({}), true, 4, 1}, 801);
   check_across_processes<layout::flat<bfloat16>>(2, 4, {small_buckets({}), true, 3}, 802);
   check_across_processes<layout::flat<float>>(4, 1, {{}, false, 3}, 803);
+  // More processes than chunks: some owners hold no chunk and no screen tile (their tables are empty, and
+  // nothing may be copied from or to them).
+  check_across_processes<layout::flat<float>>(8, 1, {{}, false, 2}, 804);
 }
 
 }  // namespace

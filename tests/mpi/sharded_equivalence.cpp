@@ -29,7 +29,8 @@
 // The GPU build (sharded_equivalence_gpu.cu, TOWERPIPE_TEST_GPU_TOWERS) runs the sharded pipeline's towers
 // on GPUs (reduce/sharded/device_towers_across_processes.hpp) against the same host reference: mode "equal" exchanges
 // through pinned host memory over MPI (several processes may share a GPU), mode "nccl L" through NCCL
-// (one GPU per process), mode "copied L" as "equal" with pipeline_options::direct_device_access off
+// (one GPU per process; built only where CMake found NCCL, TOWERPIPE_TEST_NCCL, else it exits with 77),
+// mode "copied L" as "equal" with pipeline_options::direct_device_access off
 // (the towers' buffers copied, as between devices without peer access). Without a CUDA device it exits
 // with 77 (skipped).
 //
@@ -56,7 +57,9 @@
 #include <cuda_runtime.h>
 
 #include <stdexcept>
+#if defined(TOWERPIPE_TEST_NCCL)
 #include <towerpipe/comm/nccl_over_mpi.cuh>
+#endif
 #include <towerpipe/cuda.cuh>
 #endif
 
@@ -540,8 +543,14 @@ int main(int argc, char** argv) {
     }
 #if defined(TOWERPIPE_TEST_GPU_TOWERS)
     if (mode == "nccl") {  // the same checks with NCCL moving the device buffers (one GPU per process)
+#if defined(TOWERPIPE_TEST_NCCL)
       group = nccl_process_group_over_mpi(MPI_COMM_WORLD, rank % devices);
       mode = "equal";
+#else
+      std::printf("rank %d: built without NCCL (TOWERPIPE_ENABLE_NCCL=OFF or NCCL not found): mode nccl skipped\n", rank);
+      MPI_Finalize();
+      return 77;
+#endif
     } else if (mode == "copied") {  // the same, copying the towers' buffers as without peer access
       direct_device_access = false;
       mode = "equal";

@@ -1,12 +1,17 @@
+#pragma once
+// What the GPU tests (tests/cuda/test_*.cu, one translation unit per backend or feature so that the GPU
+// build spreads over cores and none takes long alone) share: the test model, gradient plans written from
+// the host, the host pipeline as the reference, and the checks every backend runs.
+//
 // Tower functions run on pool threads, where Catch assertions are unsafe: there they throw, which fails
 // the step with the tower named.
 //
-// Every backend for GPU towers (device0, p2p_tree, sharded, host) x layout x optimizer, for 1..8 towers on the GPU(s) present (several towers
-// per device where there are fewer devices), against the exec::host pipeline: after 10 steps on fresh
-// random gradients every replica must equal the host's parameters bitwise. Replicas other than the
-// root's are poisoned before each step, so a replica the broadcast misses shows. Each runs unchecked (one
-// fused pass) and checked (screen + apply, kernels/screen.hpp) with clipping on and a NaN in one step,
-// which every backend must skip, naming the tower, variable and element as the host does.
+// check_backend: a backend for GPU towers x layout x optimizer, for 1..8 towers on the GPU(s) present
+// (several towers per device where there are fewer devices), against the exec::host pipeline: after 10
+// steps on fresh random gradients every replica must equal the host's parameters bitwise. Replicas
+// other than the root's are poisoned before each step, so a replica the broadcast misses shows. Each
+// runs unchecked (one fused pass) and checked (screen + apply, kernels/screen.hpp) with clipping on and a
+// NaN in one step, which every backend must skip, naming the tower, variable and element as the host does.
 #include <towerpipe/cuda.cuh>
 #include <towerpipe/io/checkpoint.hpp>
 
@@ -14,34 +19,44 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
+#include <vector>
 
+#include "reference_runs.hpp"
 #include "test_support.hpp"
+
+#define REQUIRE_CUDA(call) REQUIRE((call) == cudaSuccess)
+
+namespace gpu_tests {
 
 using namespace towerpipe;
 using towerpipe_tests::first_bitwise_difference;
 using towerpipe_tests::random_source;
 
-#define REQUIRE_CUDA(call) REQUIRE((call) == cudaSuccess)
-
-namespace {
-
 const variable_set test_variables{{"w", {300, 70}}, {"b", {70}}, {"s", {}}, {"odd", {5003}}};
 const std::vector<input_spec> test_inputs{{"x", dtype::float32, {1}}};
 
-// 8 unless TOWERPIPE_TEST_MAX_TOWERS says fewer (the sanitizer runs, which are ~100x slower).
-std::size_t max_towers() {
-  const char* text = std::getenv("TOWERPIPE_TEST_MAX_TOWERS");
-  return text != nullptr ? std::strtoul(text, nullptr, 10) : 8;
+// Tower counts from min_towers() to max_towers(): 1 to 8 unless TOWERPIPE_TEST_MIN_TOWERS and
+// TOWERPIPE_TEST_MAX_TOWERS say otherwise (the sanitizer runs, ~100x slower, take fewer; tests/run_gpu.sh's
+// many_towers step 9 to 16 only).
+inline std::size_t towers_from_environment(const char* name, std::size_t otherwise) {
+  const char* text = std::getenv(name);
+  return text != nullptr ? std::strtoul(text, nullptr, 10) : otherwise;
 }
+inline std::size_t min_towers() { return towers_from_environment("TOWERPIPE_TEST_MIN_TOWERS", 1); }
+inline std::size_t max_towers() { return towers_from_environment("TOWERPIPE_TEST_MAX_TOWERS", 8); }
 
 // One step's gradients: [tower][variable]; a plan: [step][tower][variable].
 using step_gradients = std::vector<std::vector<std::vector<float>>>;
 using gradient_plan = std::vector<step_gradients>;
 
-gradient_plan draw_plan(random_source& random, std::size_t towers, int steps) {
+inline gradient_plan draw_plan(random_source& random, std::size_t towers, int steps) {
   gradient_plan plan(static_cast<std::size_t>(steps));
   for (auto& step : plan) {
     step.resize(towers);
@@ -183,7 +198,7 @@ void check_all_optimizers(std::uint64_t salt, bool direct = true) {
   checked.max_grad_norm = 1.0;
   unchecked.direct_device_access = checked.direct_device_access = direct;
   for (const pipeline_options& options : {unchecked, checked}) {
-    for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
+    for (std::size_t towers = min_towers(); towers <= max_towers(); ++towers) {
       check_backend<Reduce, optim::sgd, Layout>(towers, momentum, salt + towers, options);
       check_backend<Reduce, optim::adam, Layout>(towers, adam, salt + 10 + towers, options);
       check_backend<Reduce, optim::adamw, Layout>(towers, optim::adamw::hyper_parameters{}, salt + 20 + towers, options);
@@ -191,28 +206,7 @@ void check_all_optimizers(std::uint64_t salt, bool direct = true) {
   }
 }
 
-}  // namespace
 
-TEST_CASE("device0 equals the host pipeline bitwise (flat)", "[gpu][backends]") {
-  check_all_optimizers<reduce::device0, layout::flat<float>>(100);
-}
-TEST_CASE("device0 equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
-  check_all_optimizers<reduce::device0, layout::per_variable<float>>(200);
-}
-TEST_CASE("sharded equals the host pipeline bitwise (flat)", "[gpu][backends]") {
-  check_all_optimizers<reduce::sharded, layout::flat<float>>(300);
-}
-TEST_CASE("sharded equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
-  check_all_optimizers<reduce::sharded, layout::per_variable<float>>(400);
-}
-
-TEST_CASE("device0, p2p_tree and sharded copying instead of addressing other towers' buffers equal the host bitwise",
-          "[gpu][copies]") {
-  check_all_optimizers<reduce::device0, layout::flat<float>>(500, false);
-  check_all_optimizers<reduce::p2p_tree, layout::per_variable<float>>(600, false);
-  check_all_optimizers<reduce::sharded, layout::flat<float>>(700, false);
-  check_all_optimizers<reduce::sharded, layout::per_variable<float>>(800, false);
-}
 
 // Narrower vector I/O than the default policy's four floats.
 struct vector_width_1 : multi_tensor_policy {
@@ -222,99 +216,10 @@ struct vector_width_2 : multi_tensor_policy {
   static constexpr unsigned vector_elements = 2;
 };
 
-TEST_CASE("device backends take the pipeline's options and narrower vectors, equal to the host pipeline bitwise",
-          "[gpu][options]") {
-  optim::adam::hyper_parameters adam;
-  adam.lr = 0.01;
-  // Gradient poisoning, and dynamic loss scaling (its NaN step skipped, its scale grown every 3 steps);
-  // both checked and clipped, against the host pipeline with the same options.
-  pipeline_options poisoned, scaled;
-  poisoned.poison_gradients = true;
-  poisoned.max_grad_norm = scaled.max_grad_norm = 1.0;
-  scaled.loss_scale.mode = loss_scale_mode::dynamic;
-  scaled.loss_scale.initial_scale = 2.0;
-  scaled.loss_scale.growth_interval = 3;
-  for (const pipeline_options& options : {poisoned, scaled}) {
-    for (std::size_t towers : {std::size_t(1), std::size_t(3), std::size_t(4)}) {
-      if (towers > max_towers()) continue;
-      check_backend<reduce::device0, optim::adam, layout::flat<float>>(towers, adam, 900 + towers, options);
-      check_backend<reduce::p2p_tree, optim::adam, layout::per_variable<float>>(towers, adam, 910 + towers, options);
-      check_backend<reduce::sharded, optim::adam, layout::flat<float>>(towers, adam, 920 + towers, options);
-    }
-  }
-  pipeline_options unchecked, checked;
-  unchecked.on_nonfinite = nonfinite_policy::unchecked;
-  checked.max_grad_norm = 1.0;
-  for (const pipeline_options& options : {unchecked, checked}) {
-    for (std::size_t towers : {std::size_t(1), std::size_t(2), std::size_t(5)}) {
-      if (towers > max_towers()) continue;
-      check_backend<reduce::device0_with<vector_width_1>, optim::adam, layout::flat<float>>(towers, adam, 930 + towers, options);
-      check_backend<reduce::device0_with<vector_width_2>, optim::adam, layout::flat<float>>(towers, adam, 940 + towers, options);
-    }
-  }
-}
-
-// reduce::sharded holds on each tower's device only its slice of the state: whole 4096-element chunks
-// (multi_tensor_policy), each owner within one chunk of an equal share of the parameters.
-TEST_CASE("sharded spreads the optimizer state over the towers, about 1/N each", "[gpu][backends]") {
-  // The owners' compact storage pads each variable to a multiple of 64 elements (plan/owner_slices.hpp).
-  double parameters = 0.0;
-  for (const variable& v : test_variables) parameters += static_cast<double>((v.size + 63) / 64 * 64);
-  const double slot_bytes = 4.0 * parameters;  // fp32
-  for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
-    pipeline<exec::cuda, reduce::sharded, optim::adam, layout::flat<float>> p(test_variables, test_inputs, towers, {});
-    const std::vector<std::size_t> bytes = p.optimizer_state_bytes_per_tower();
-    REQUIRE(bytes.size() == towers);
-    double total = 0.0;
-    for (std::size_t t = 0; t < towers; ++t) {
-      INFO(towers << " towers, tower " << t << ": " << bytes[t] << " bytes");
-      total += static_cast<double>(bytes[t]);
-      CHECK(static_cast<double>(bytes[t]) <= 2.0 * (slot_bytes / static_cast<double>(towers) + 4.0 * 4096));
-    }
-    CHECK(total == 2.0 * slot_bytes);  // Adam's two slots, once in all
-    std::printf("reduce::sharded, %zu towers: optimizer state per tower (bytes):", towers);
-    for (std::size_t b : bytes) std::printf(" %zu", b);
-    std::printf(" (device0 holds %.0f on tower 0)\n", 2.0 * slot_bytes);
-  }
-}
-// One GPU: device0 (reduce/choice/chooser.hpp, rule 3); timing all four candidates on the first step
-// (each trial from the step's start, compared bit for bit) leaves the run bitwise the host's.
-TEST_CASE("reduce::automatic picks device0 on one GPU, and timing every candidate changes no bit", "[gpu][backends][automatic]") {
-  optim::adam::hyper_parameters adam;
-  adam.lr = 0.01;
-  pipeline_options unchecked, checked;
-  unchecked.on_nonfinite = nonfinite_policy::unchecked;
-  checked.max_grad_norm = 1.0;
-  for (pipeline_options options : {unchecked, checked}) {
-    for (std::size_t trials : {0, 2}) {
-      options.time_backends = trials;
-      check_backend<reduce::automatic, optim::adam, layout::flat<float>>(4, adam, 900 + trials, options);
-    }
-  }
-  pipeline_options one_device;
-  one_device.devices = {0};
-  pipeline<exec::cuda, reduce::automatic, optim::adam, layout::flat<float>> p(test_variables, test_inputs, 4, adam, one_device);
-  CHECK(std::string(p.backend_name()) == "device0");
-  CHECK(p.backend_reason().find("4 on GPU 0), one device") != std::string::npos);
-}
-
-TEST_CASE("p2p_tree equals the host pipeline bitwise (flat)", "[gpu][backends]") {
-  check_all_optimizers<reduce::p2p_tree, layout::flat<float>>(300);
-}
-TEST_CASE("p2p_tree equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
-  check_all_optimizers<reduce::p2p_tree, layout::per_variable<float>>(400);
-}
-TEST_CASE("reduce::host with GPU towers equals the host pipeline bitwise (flat)", "[gpu][backends]") {
-  check_all_optimizers<reduce::host, layout::flat<float>>(500);
-}
-TEST_CASE("reduce::host with GPU towers equals the host pipeline bitwise (per_variable)", "[gpu][backends]") {
-  check_all_optimizers<reduce::host, layout::per_variable<float>>(600);
-}
-
-namespace {
 
 // A kernel that keeps a tower's stream busy for about `cycles` clock cycles: the compute of a layer's
 // backward, between two gradient_ready marks.
+template <int = 0>
 __global__ void spin_for(long long cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {
@@ -356,7 +261,7 @@ void check_buckets(std::size_t towers, bool direct, bool uneven, const pipeline_
         TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.gradient(v).data(), g.data(), g.size() * sizeof(float),
                                              cudaMemcpyHostToDevice, tower.stream()));
         if (!uneven || tower.tower() % 2 == 0) tower.gradient_ready(v);
-        spin_for<<<1, 1, 0, tower.stream()>>>(200000);
+        spin_for<><<<1, 1, 0, tower.stream()>>>(200000);
       }
       TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
       return 0.0;
@@ -384,6 +289,7 @@ void check_buckets_everywhere(std::uint64_t salt) {
   poisoned.poison_gradients = true;
   for (const pipeline_options& options : {unchecked, checked, poisoned}) {
     for (std::size_t towers = 1; towers <= max_towers(); towers *= 2) {
+      if (towers < min_towers()) continue;
       for (const bool direct : {true, false}) {
         for (const bool uneven : {false, true}) check_buckets<Reduce>(towers, direct, uneven, options, salt + towers);
       }
@@ -391,16 +297,7 @@ void check_buckets_everywhere(std::uint64_t salt) {
   }
 }
 
-}  // namespace
 
-TEST_CASE("gradient buckets marked during the towers change no bit on any GPU backend", "[gpu][backends][overlap]") {
-  check_buckets_everywhere<reduce::device0>(700);
-  check_buckets_everywhere<reduce::p2p_tree>(710);
-  check_buckets_everywhere<reduce::sharded>(720);
-  check_buckets_everywhere<reduce::host>(730);
-}
-
-namespace {
 
 // Mixed precision on GPU towers (any backend) against the host's mixed pipeline: the fp32 master
 // bitwise, every replica's 16-bit patterns equal to the host towers' rounded copy.
@@ -452,7 +349,7 @@ void check_mixed_on_gpu(std::size_t towers, std::uint64_t salt, const pipeline_o
                                              cudaMemcpyHostToDevice, tower.stream()));
         if (!mark_buckets) continue;
         tower.gradient_ready(v);
-        spin_for<<<1, 1, 0, tower.stream()>>>(200000);
+        spin_for<><<<1, 1, 0, tower.stream()>>>(200000);
       }
       TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
       return 0.0;
@@ -474,73 +371,30 @@ void check_mixed_on_gpu(std::size_t towers, std::uint64_t salt, const pipeline_o
 // Each backend with bf16 (flat) and fp16 (per_variable) towers, 1..8 towers.
 template <class Reduce>
 void check_mixed_for_tower_counts(std::uint64_t salt, const pipeline_options& options = {}, bool mark_buckets = false) {
-  for (std::size_t towers = 1; towers <= max_towers(); ++towers) {
+  for (std::size_t towers = min_towers(); towers <= max_towers(); ++towers) {
     check_mixed_on_gpu<Reduce, bfloat16, layout::flat<bfloat16>>(towers, salt + towers, options, mark_buckets);
     check_mixed_on_gpu<Reduce, float16, layout::per_variable<float16>>(towers, salt + 20 + towers, options, mark_buckets);
   }
 }
 
-}  // namespace
 
-TEST_CASE("device0 with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
-  check_mixed_for_tower_counts<reduce::device0>(700);
-}
-
-// Each owner keeps its slice of the fp32 master; the copying paths (direct_device_access off) copy the
-// 16-bit gradients in and the rounded replicas out.
-TEST_CASE("sharded with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
-  check_mixed_for_tower_counts<reduce::sharded>(750);
-  pipeline_options copied;
-  copied.direct_device_access = false;
-  check_mixed_for_tower_counts<reduce::sharded>(800, copied);
-}
-
-// p2p_tree's fp32 partial sums beside the 16-bit gradients, in place and copied raw or as partials.
-TEST_CASE("p2p_tree with bf16 and fp16 towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
-  check_mixed_for_tower_counts<reduce::p2p_tree>(740);
-  pipeline_options copied;
-  copied.direct_device_access = false;
-  check_mixed_for_tower_counts<reduce::p2p_tree>(760, copied);
-}
-
-// 16-bit downloads and uploads, the fp32 master on the host.
-TEST_CASE("reduce::host with bf16 and fp16 GPU towers equals the host's mixed-precision pipeline bitwise", "[gpu][backends]") {
-  check_mixed_for_tower_counts<reduce::host>(780);
-}
-
-TEST_CASE("16-bit towers' gradient buckets taken during the towers change no bit on any GPU backend",
-          "[gpu][backends][overlap]") {
-  check_mixed_for_tower_counts<reduce::device0>(800, {}, true);
-  check_mixed_for_tower_counts<reduce::p2p_tree>(820, {}, true);
-  check_mixed_for_tower_counts<reduce::host>(840, {}, true);
-  check_mixed_for_tower_counts<reduce::sharded>(860, {}, true);
-}
-
-// reduce::automatic with 16-bit GPU towers: on one GPU it runs device0, and timing every candidate on the
-// first step (each trial compared bit for bit, the fp32 master too) leaves the run bitwise the host's.
-TEST_CASE("reduce::automatic with bf16 towers: timing every candidate changes no bit", "[gpu][backends][automatic]") {
-  pipeline_options timed;
-  timed.time_backends = 2;
-  for (std::size_t towers : {std::size_t{1}, std::size_t{4}})
-    check_mixed_on_gpu<reduce::automatic, bfloat16, layout::flat<bfloat16>>(towers, 880 + towers, timed);
-}
-
-namespace {
 using small_trainer = pipeline<exec::cuda, reduce::device0, optim::adam, layout::flat<float>>;
 const variable_set small_variables{{"w", {16}}};
 
-// What the small tests' towers compute: a zero gradient for "w", on the tower's stream.
+// What the small tests' towers compute: a zero gradient for every variable, on the tower's stream.
 template <class Context>
 double write_zero_gradient(Context& tower) {
-  TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(0).data(), 0, 16 * sizeof(float), tower.stream()));
+  for (std::size_t v = 0; v < tower.variables().count(); ++v)
+    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(tower.gradient(v).data(), 0, tower.variables()[v].size * sizeof(float), tower.stream()));
   return 0.0;
 }
 
 // `steps` steps of write_zero_gradient with `towers` towers and `Reduce`; returns the last step's stats.
 template <class Reduce>
-step_stats zero_gradient_steps(std::size_t towers, int steps, const pipeline_options& options = {}) {
+step_stats zero_gradient_steps(std::size_t towers, int steps, const pipeline_options& options = {},
+                               const variable_set& variables = small_variables) {
   using trainer = pipeline<exec::cuda, Reduce, optim::adam, layout::flat<float>>;
-  trainer p(small_variables, test_inputs, towers, optim::adam::hyper_parameters{}, options);
+  trainer p(variables, test_inputs, towers, optim::adam::hyper_parameters{}, options);
   const std::vector<float> x(2 * towers, 1.0f);
   batch b;
   b.add("x", x.data(), x.size(), {1});
@@ -548,121 +402,29 @@ step_stats zero_gradient_steps(std::size_t towers, int steps, const pipeline_opt
   for (int s = 0; s < steps; ++s) last = p.step(b, write_zero_gradient<typename trainer::tower_context>);
   return last;
 }
-}  // namespace
 
-TEST_CASE("shards reach their towers: row- and column-major, staged ahead, in order", "[gpu][staging]") {
-  const std::size_t towers = 3, examples = 7, features = 4;
-  small_trainer p(small_variables, {{"rows", dtype::float32, {features}}, {"cols", dtype::int32, {features}}}, towers,
-                  optim::adam::hyper_parameters{});
-  std::vector<float> rows(examples * features);
-  std::vector<std::int32_t> cols(examples * features);
-  const auto batch_of = [&](int offset) {
-    for (std::size_t e = 0; e < examples; ++e) {
-      for (std::size_t f = 0; f < features; ++f) {
-        rows[e * features + f] = static_cast<float>(offset + 10 * e + f);
-        cols[f * examples + e] = static_cast<std::int32_t>(offset + 10 * e + f);
-      }
-    }
-  };
-  std::vector<std::vector<float>> rows_seen(towers);
-  std::vector<std::vector<std::int32_t>> cols_seen(towers);
-  const auto read_shard = [&](small_trainer::tower_context& tower) {
-    const auto r = tower.input<float>("rows");
-    const auto c = tower.input<std::int32_t>("cols");
-    rows_seen[tower.tower()].resize(r.examples() * features);
-    cols_seen[tower.tower()].resize(c.examples() * features);
-    if (c.example_stride() != 1 || c.feature_stride() != c.examples())
-      throw std::logic_error("a column-major shard must arrive column-major with its own example count as stride");
-    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(rows_seen[tower.tower()].data(), r.data(), rows_seen[tower.tower()].size() * 4,
-                                 cudaMemcpyDeviceToHost, tower.stream()));
-    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(cols_seen[tower.tower()].data(), c.data(), cols_seen[tower.tower()].size() * 4,
-                                 cudaMemcpyDeviceToHost, tower.stream()));
-    TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
-    return write_zero_gradient(tower);
-  };
-  const auto check_seen = [&](int offset) {
-    const std::size_t firsts[] = {0, 3, 5}, counts[] = {3, 2, 2};
-    for (std::size_t t = 0; t < towers; ++t) {
-      INFO("tower " << t << ", batch offset " << offset);
-      for (std::size_t e = 0; e < counts[t]; ++e) {
-        for (std::size_t f = 0; f < features; ++f) {
-          const int expected = offset + static_cast<int>(10 * (firsts[t] + e) + f);
-          CHECK(rows_seen[t][e * features + f] == static_cast<float>(expected));
-          CHECK(cols_seen[t][f * counts[t] + e] == expected);
-        }
-      }
-    }
-  };
-  batch b;
-  b.add("rows", rows.data(), examples, {features}).add("cols", cols.data(), examples, {features}, storage_order::column_major);
-  batch_of(0);
-  p.stage(b);
-  batch_of(1000);  // the first batch was packed at stage(): changing the host data now must not matter
-  p.stage(b);
-  p.step(read_shard);
-  check_seen(0);
-  p.step(read_shard);
-  check_seen(1000);
-}
 
-TEST_CASE("a tower function returning nothing reports its loss through device_loss()", "[gpu][staging]") {
-  small_trainer p(small_variables, test_inputs, 2, optim::adam::hyper_parameters{});
-  const std::vector<float> x(4, 1.0f);
-  batch b;
-  b.add("x", x.data(), 4, {1});
-  const step_stats stats = p.step(b, [](small_trainer::tower_context& tower) {
-    const float loss = 1.5f + static_cast<float>(tower.tower());
-    TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(tower.device_loss(), &loss, sizeof loss, cudaMemcpyHostToDevice, tower.stream()));
-    TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(tower.stream()));
-    write_zero_gradient(tower);
-  });
-  CHECK(stats.tower_loss == std::vector<double>{1.5, 2.5});
-  CHECK(stats.loss == Approx(2.0));
-}
-
-TEST_CASE("bad towers and devices are clear errors, parameters stay and the pipeline still works", "[gpu][errors]") {
-  int devices = 0;
-  REQUIRE_CUDA(cudaGetDeviceCount(&devices));
-  pipeline_options missing_device;
-  missing_device.devices = {0, devices};
-  CHECK_THROWS_WITH(small_trainer(small_variables, test_inputs, 2, optim::adam::hyper_parameters{}, missing_device),
-                    Catch::Contains("tower 1: CUDA device " + std::to_string(devices) + " does not exist"));
-
-  small_trainer p(small_variables, test_inputs, 2, optim::adam::hyper_parameters{});
-  const std::vector<float> initial(16, 0.25f), x(4, 1.0f);
-  p.set_parameter(0, initial.data(), initial.size());
-  batch b;
-  b.add("x", x.data(), 4, {1});
-  const auto good = write_zero_gradient<small_trainer::tower_context>;
-  CHECK_THROWS_WITH(p.step(b, [](small_trainer::tower_context&) { return 0.0; }),
-                    Catch::Contains("tower 0 did not write the gradient of variable 'w'"));
-  CHECK_THROWS_WITH(p.step(b, [&](small_trainer::tower_context& tower) -> double {
-                      good(tower);
-                      if (tower.tower() == 1) throw std::runtime_error("cuBLAS said no");
-                      return 0.0;
-                    }),
-                    Catch::Contains("tower 1 threw: cuBLAS said no"));
-  CHECK(p.steps_done() == 0);
-  for (float v : p.parameter(0)) CHECK(v == 0.25f);
-  p.step(b, good);
-  CHECK(p.steps_done() == 1);
-  // Zero gradients: Adam leaves the parameters where they were.
-  for (float v : p.parameter(0)) CHECK(v == 0.25f);
-}
-
-namespace {
-
-// Runs 3 steps of `towers` towers with a timeline; returns its spans.
+// Runs 3 steps of `towers` towers with a timeline, checked or unchecked; returns its spans.
 template <class Reduce>
-std::vector<timeline::span> traced_steps(std::size_t towers) {
+std::vector<timeline::span> traced_steps(std::size_t towers, bool checked = true, const variable_set& variables = small_variables) {
   timeline trace;
   pipeline_options options;
   options.trace = &trace;
-  zero_gradient_steps<Reduce>(towers, 3, options);
+  if (!checked) options.on_nonfinite = nonfinite_policy::unchecked;
+  zero_gradient_steps<Reduce>(towers, 3, options, variables);
   return trace.spans();
 }
 
-std::size_t count_spans(const std::vector<timeline::span>& spans, std::int64_t step, const std::string& row,
+// The names of the complete spans on `row` at `step`, sorted.
+inline std::vector<std::string> span_names(const std::vector<timeline::span>& spans, std::int64_t step, const std::string& row) {
+  std::vector<std::string> names;
+  for (const timeline::span& s : spans)
+    if (s.step == step && s.row == row && s.duration_us >= 0) names.push_back(s.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+inline std::size_t count_spans(const std::vector<timeline::span>& spans, std::int64_t step, const std::string& row,
                          const std::string& name_prefix) {
   std::size_t count = 0;
   for (const timeline::span& s : spans) {
@@ -671,49 +433,7 @@ std::size_t count_spans(const std::vector<timeline::span>& spans, std::int64_t s
   return count;
 }
 
-}  // namespace
 
-TEST_CASE("the timeline holds what the devices ran, on the host clock", "[gpu][staging]") {
-  const std::vector<timeline::span> spans = traced_steps<reduce::device0>(2);
-  for (std::int64_t step = 1; step <= 3; ++step) {
-    INFO("step " << step);
-    double split_start = -1, device_reduce_start = -1, device_reduce_end = -1;
-    for (const timeline::span& s : spans) {
-      if (s.step != step) continue;
-      if (s.row == "split") split_start = s.start_us;
-      if (s.row == "reduce (GPU)") {
-        device_reduce_start = s.start_us;
-        device_reduce_end = s.start_us + s.duration_us;
-      }
-    }
-    for (std::size_t t = 0; t < 2; ++t) {
-      INFO("tower " << t);
-      CHECK(count_spans(spans, step, "tower " + std::to_string(t) + " (GPU)", "compute") == 1);
-      CHECK(count_spans(spans, step, "tower " + std::to_string(t) + " (GPU copy)", "split copy") == 1);
-    }
-    REQUIRE(split_start >= 0);
-    // The device's times, converted, fall after the step began (1 ms slack for the clock alignment).
-    CHECK(device_reduce_start >= split_start - 1000);
-    CHECK(device_reduce_end >= device_reduce_start);
-  }
-}
-
-TEST_CASE("the timeline shows p2p_tree's edges and pulls on the towers' rows", "[gpu][staging]") {
-  // 4 towers: round 0 edges 0+1 and 2+3, root edge 0+2, whose pass also writes towers 1 and 2 (tower 0's
-  // children in the tree); tower 3 pulls from tower 2.
-  const std::vector<timeline::span> spans = traced_steps<reduce::p2p_tree>(4);
-  for (std::int64_t step = 1; step <= 3; ++step) {
-    INFO("step " << step);
-    CHECK(count_spans(spans, step, "reduce (GPU)", "p2p_tree root") == 1);
-    CHECK(count_spans(spans, step, "tower 0 (GPU)", "tree edge: + tower 1") == 1);
-    CHECK(count_spans(spans, step, "tower 2 (GPU)", "tree edge: + tower 3") == 1);
-    CHECK(count_spans(spans, step, "tower 1 (GPU)", "broadcast") == 0);
-    CHECK(count_spans(spans, step, "tower 2 (GPU)", "broadcast") == 0);
-    CHECK(count_spans(spans, step, "tower 3 (GPU)", "broadcast: pull from tower 2") == 1);
-  }
-}
-
-namespace {
 
 // The second of two steps (the first warms up).
 template <class Reduce>
@@ -721,24 +441,7 @@ step_stats one_step(std::size_t towers) {
   return zero_gradient_steps<Reduce>(towers, 2);
 }
 
-}  // namespace
 
-TEST_CASE("device backends time reduce and broadcast on the device, inside the step", "[gpu][staging]") {
-  const step_stats device0 = one_step<reduce::device0>(3);
-  CHECK(device0.stages.reduce > 0);
-  CHECK(device0.stages.broadcast == 0);  // fused into the reduce kernel
-  CHECK(device0.stages.reduce <= device0.seconds);
-  const step_stats tree = one_step<reduce::p2p_tree>(4);
-  CHECK(tree.stages.reduce > 0);
-  CHECK(tree.stages.broadcast > 0);  // tower 3 pulls from tower 2
-  CHECK(tree.stages.reduce + tree.stages.broadcast <= tree.seconds);
-}
-
-TEST_CASE("p2p_tree with two towers writes both replicas in the root's pass: no broadcast left", "[gpu][staging]") {
-  CHECK(one_step<reduce::p2p_tree>(2).stages.broadcast == 0);
-}
-
-namespace {
 
 // Host steps [0, 4), a checkpoint into a GPU pipeline with `Reduce` (other layout), steps [4, 8) there,
 // a checkpoint back into a host pipeline, steps [8, 10): parameters and state bitwise those of 10 host
@@ -783,11 +486,43 @@ void check_checkpoint_through_gpu(std::uint64_t salt) {
   }
 }
 
-}  // namespace
 
-TEST_CASE("a checkpoint moves between the host and every GPU backend, and the run resumes bitwise", "[gpu][checkpoint]") {
-  check_checkpoint_through_gpu<reduce::device0>(700);
-  check_checkpoint_through_gpu<reduce::p2p_tree>(800);
-  check_checkpoint_through_gpu<reduce::sharded>(850);
-  check_checkpoint_through_gpu<reduce::host>(900);
+// Case `c` (tests/reference_runs.hpp) with `Reduce` on GPU towers against the host pipeline, step by
+// step: parameters (the fp32 master), optimizer state and the step's report bitwise the host's.
+template <class Reduce, class Layout, class Optim = optim::adam>
+void check_on_gpu(std::size_t towers, const towerpipe_tests::run_case& c, std::uint64_t salt,
+                  const variable_set& variables = test_variables) {
+  random_source random(salt);
+  INFO(Reduce::name << " " << Layout::name << " " << sizeof(typename Layout::value_type) << "-byte values, " << towers
+                    << " GPU towers, seed " << random.seed());
+  using trainer = pipeline<exec::cuda, Reduce, Optim, Layout>;
+  const auto make = [&] {
+    return std::make_unique<trainer>(variables, test_inputs, towers, typename Optim::hyper_parameters{}, c.options);
+  };
+  towerpipe_tests::compare_with_host<Layout, Optim>(variables, test_inputs, towers, c, random, make, [](int, trainer&) {});
 }
+
+// 16-bit GPU towers (bf16 flat, fp16 per_variable) through the steps' options, step by step against the
+// host's mixed pipeline: a NaN and an infinity in one step (skipped; the key naming the tower, variable and
+// element the host names), fp16 with dynamic loss scaling (overflowing steps skipped, the scale halved and
+// grown again), gradient poisoning (the 16-bit poison pattern searched on the device), and a checkpoint
+// saved after step 2 that a fresh GPU pipeline resumes from.
+template <class Reduce>
+void check_mixed_steps(std::uint64_t salt) {
+  using towerpipe_tests::clipped;
+  using towerpipe_tests::run_case;
+  pipeline_options scaled;
+  scaled.loss_scale.mode = loss_scale_mode::dynamic;
+  scaled.loss_scale.initial_scale = 1024;
+  scaled.loss_scale.growth_interval = 2;
+  pipeline_options poisoned = clipped({});
+  poisoned.poison_gradients = true;
+  check_on_gpu<Reduce, layout::flat<bfloat16>>(4, run_case{clipped({}), true, 4, 2}, salt);
+  check_on_gpu<Reduce, layout::per_variable<float16>>(3, run_case{scaled, true, 6, 3}, salt + 1);
+  check_on_gpu<Reduce, layout::flat<bfloat16>>(3, run_case{poisoned, false, 3}, salt + 2);
+  check_on_gpu<Reduce, layout::per_variable<float16>>(2, run_case{poisoned, true, 3, 1}, salt + 3);
+  check_on_gpu<Reduce, layout::flat<bfloat16>>(3, run_case{clipped({}), true, 4, -1, true}, salt + 4);
+  check_on_gpu<Reduce, layout::per_variable<float16>>(2, run_case{scaled, false, 4, -1, true}, salt + 5);
+}
+
+}  // namespace gpu_tests
