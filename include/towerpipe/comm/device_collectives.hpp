@@ -18,7 +18,7 @@
 
 namespace towerpipe {
 
-// Stream: the executor's stream type (exec/executor.hpp).
+// Stream: the executor's stream type (docs/architecture.md, "The executor").
 template <class Stream>
 class device_collectives {
  public:

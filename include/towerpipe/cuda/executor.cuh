@@ -1,5 +1,5 @@
 #pragma once
-// cuda_executor — the executor (exec/executor.hpp) on CUDA GPUs: a thin shell over streams, events,
+// cuda_executor — the executor (docs/architecture.md, "The executor") on CUDA GPUs: a thin shell over streams, events,
 // kernel launches (cuda/multi_tensor_dispatch.cuh, cuda/screen_kernel.cuh) and cudaMemcpy*Async. Every
 // call is checked (TOWERPIPE_CUDA_CHECK names the call, file and line). The declarations the simulation
 // checks (host_reads, host_writes, stream_host_access) cost nothing here.

@@ -1,6 +1,6 @@
 #pragma once
 // device_towers<Layout, Executor> — towers on devices, written once against an executor
-// (exec/executor.hpp): exec::cuda runs them on CUDA GPUs (exec/cuda.cuh), exec::simulated on simulated
+// (docs/architecture.md, "The executor"): exec::cuda runs them on CUDA GPUs (exec/cuda.cuh), exec::simulated on simulated
 // devices in host memory (exec/simulated.hpp). Tower i runs on pipeline_options::devices[i % size]
 // (several towers may share a device) with its own stream, parameter replica and gradient buffers.
 //

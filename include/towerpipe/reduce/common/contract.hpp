@@ -4,7 +4,7 @@
 // (reducer_for<Exec, Reduce, Optim, Layout>::type). Every member is required; optional behaviour is
 // declared, not probed: `capabilities` says what the pipeline may expect of the reducer.
 //
-// A step is parts (pipeline/overlap.hpp drives them), the same for every reducer and every step:
+// A step is parts (pipeline/step_parts.hpp drives them), the same for every reducer and every step:
 //   begin_step(towers, work)      before the towers run: this step's weights, constants and kind
 //   reduce_part(towers, part)     a gradient bucket while the towers run (on the bucket worker, only where
 //                                 buckets_during_towers()), then, after the towers, the rest (maybe no
@@ -90,7 +90,7 @@ struct step_work {
   bool checked = false;    // average + screen in the parts, the optimizer in apply(); else all in the parts
   accumulation<T> window;  // a checked step's place in its accumulation window
   typename Optim::template step_constants<T> constants{};  // the optimizer's, for this step's number
-  // Whether buckets are reduced while the towers run this step (pipeline/overlap.hpp decides): a reducer
+  // Whether buckets are reduced while the towers run this step (pipeline/step_parts.hpp decides): a reducer
   // across processes then exchanges bucket by bucket, in bucket order, else once after the towers.
   bool parts_during_towers = false;
 };

@@ -3,7 +3,7 @@
 // come down, the CPU runs host towers' fused pass and parameters go up, in transfer groups that overlap both ways.
 // Why: docs/design-notes.md#reduce-host-device_towers
 
-// Written once against an executor (exec/executor.hpp); the host pass declares what it reads and writes
+// Written once against an executor (docs/architecture.md, "The executor"); the host pass declares what it reads and writes
 // of the pinned buffers, so that the simulation checks it against the copies.
 
 #include <cstddef>

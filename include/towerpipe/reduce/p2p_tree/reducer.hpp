@@ -33,7 +33,7 @@
 // sums into the towers' gradients of that bucket and its pass writes replicas of that bucket only:
 // what every tower has marked, so none of them writes or reads it any more this step.
 
-// Written once against an executor (exec/executor.hpp): it runs on CUDA (exec::cuda) and on simulated
+// Written once against an executor (docs/architecture.md, "The executor"): it runs on CUDA (exec::cuda) and on simulated
 // devices (exec::simulated).
 
 #include <algorithm>
