@@ -25,9 +25,10 @@
 # once, with a FAILED line, when a phase overruns (CALL_BUDGET, default 570 s, bounds a call's phases).
 # Estimate (2026-12-02), from CPU-seconds measured for sm_90 on the loaded 2-core dev machine with
 # cmake/time-compile.sh: the GPU-test units 35-59 s each (516 s in all), train's 13 units 17-58 s (~690
-# s), the GPU benchmark 89 s and the GPU MPI test 86 s (the two longest: not split yet), minimal_cuda
-# 30 s, the 13 CUDA header units ~75 s, the host units a few hundred: ~1700 CPU-s. On 16 cores ~110 s
-# of compiling with the 89-s unit on the tail, ~20 s of linking, ~25 s of configure: build
+# s), the GPU benchmark's 5 units 18-49 s (184 s) and the GPU MPI test's 4 units 39-52 s (175 s; 89
+# and 86 s as one unit each before the split), minimal_cuda 30 s, the 13 CUDA header units ~75 s, the
+# host units a few hundred: ~1900 CPU-s. On 16 cores ~120 s of compiling with no unit above 60 s on
+# the tail, ~20 s of linking, ~25 s of configure: build
 # ~2.5 min (budget 300 s; seconds on a warm machine). test: ctest -j 8 of the GPU-side tests ~1.5 min
 # (the GPU tests ~1 min on the H200: 5.6 s at b1e23f7, the suite ~10x since; examples.train_ranks ~30 s;
 # examples.train_program two short GPU trainings), many_towers (9-16 only) ~1 min, the MPI GPU steps
