@@ -16,9 +16,9 @@ if [ ! -f "$data" ] && [[ " $* " != *" --data "* && " $* " != *" --generated "* 
 fi
 # train's translation units: train.cpp and train_mixed.cpp (host towers, fp32 and 16-bit), plus
 # the GPU towers' units where nvcc is found (train_gpu.cu and one generated unit per optimizer and layout,
-# examples/CMakeLists.txt; the figures below are from when they were two units, train_gpu.cu and train_gpu_mixed.cu). Measured on the 2-core dev
-# machine (g++ 12 -O3, nvcc 13.0 for sm_75; 2026-12-02, load 1.4-6): about 127 + 114 CPU-seconds for the
-# host ones, 261 + 301 for the GPU ones (pipelines: 18 in each; 30 in each). GPU towers are built only where a GPU is visible (nvidia-smi -L lists one), since
+# examples/CMakeLists.txt). Measured on the 2-core dev machine, two compiles at a time (g++ 12 -O3, nvcc
+# 13.0 for PTX; 2026-12-02): 76 + 73 CPU-seconds for the host ones, 15 for train_gpu.cu and 57-65 for
+# each of the 12 generated ones. GPU towers are built only where a GPU is visible (nvidia-smi -L lists one), since
 # without one the program trains on host towers anyway; TOWERPIPE_GPU_TOWERS=on|off decides otherwise.
 gpu_towers=${TOWERPIPE_GPU_TOWERS:-}
 if [ -z "$gpu_towers" ]; then
@@ -28,11 +28,11 @@ fi
 cmake --preset default -DTOWERPIPE_ENABLE_CUDA=$([ "$gpu_towers" = on ] && echo ON || echo OFF) >/dev/null
 if [ ! -x build/default/examples/train ]; then  # the first build (later ones rebuild only what changed)
   if [ "$gpu_towers" = on ]; then
-    echo "run.sh: building examples/train first (once): 4 translation units, about 13 CPU-minutes" \
-         "(7 minutes on 2 idle cores; host and GPU towers)" >&2
+    echo "run.sh: building examples/train first (once): 15 translation units, about 15 CPU-minutes" \
+         "(8 minutes on 2 idle cores; host and GPU towers)" >&2
   else
-    echo "run.sh: building examples/train first (once): 2 translation units, about 4 CPU-minutes" \
-         "(2 minutes on 2 idle cores; host towers only, as no GPU is visible)" >&2
+    echo "run.sh: building examples/train first (once): 2 translation units, about 2.5 CPU-minutes" \
+         "(1.5 minutes on 2 idle cores; host towers only, as no GPU is visible)" >&2
   fi
 fi
 cmake --build --preset default --target train
