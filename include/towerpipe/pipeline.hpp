@@ -53,7 +53,8 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
            const pipeline_options& options = {})
       : state(std::move(variables), towers, h, options), inputs_(std::move(inputs)), tracer_(options.trace) {
     detail::validate(inputs_);
-    parts_ = std::make_unique<parts_type>(*this->variables_, options.buckets, sizeof(stored_type), *this->towers_, *this->reducer_);
+    parts_ = std::make_unique<parts_type>(*this->variables_, options.buckets, sizeof(stored_type), *this->towers_, *this->reducer_,
+                                             tracer_);
     if (options.trace != nullptr && this->across_processes())
       options.trace->set_process(this->processes_->rank(), this->processes_->size(), this->processes_->global_tower(0));
   }
@@ -159,7 +160,7 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
     stats.buckets = parts_->buckets();
     const work_type work = step_work(exact_weights, stats);
     try {
-      parts_->begin(work);
+      parts_->begin(work, stats.step);
       run_towers(fn, exact_weights, stats);
       const auto reduce_start = parts_->towers_ended();  // what the towers left is reduced from there (step_parts)
       stats.stages.towers = std::chrono::duration<double>(reduce_start - start).count();

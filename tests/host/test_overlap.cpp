@@ -583,6 +583,7 @@ struct logging_reducer {
   driver_log& log;
   struct work {
     bool parts_during_towers = true;
+    bool checked = false;
   };
   void begin_step(logging_towers&, const work&) {}
   void reduce_part(logging_towers&, const detail::step_part& part) {
@@ -613,8 +614,9 @@ void play_step(driver_log& log, const std::function<void(logged_parts&)>& towers
   options.cap_bytes = 100;  // {d}, {c, b}, {a}
   logging_towers space{log};
   logging_reducer reducer{log};
-  logged_parts parts(plan_variables, options, sizeof(float), space, reducer);
-  parts.begin(logging_reducer::work{});
+  const detail::tracer no_timeline;
+  logged_parts parts(plan_variables, options, sizeof(float), space, reducer, no_timeline);
+  parts.begin(logging_reducer::work{}, 1);
   towers(parts);
   parts.after_towers(false);
 }
@@ -656,8 +658,9 @@ TEST_CASE("after_towers rethrows a bucket part's failure, after the rest only ac
     options.cap_bytes = 100;  // {d}, {c, b}, {a}
     logging_towers space{log};
     logging_reducer reducer{log};
-    logged_parts parts(plan_variables, options, sizeof(float), space, reducer);
-    parts.begin(logging_reducer::work{});
+    const detail::tracer no_timeline;
+    logged_parts parts(plan_variables, options, sizeof(float), space, reducer, no_timeline);
+    parts.begin(logging_reducer::work{}, 1);
     for (std::size_t t = 0; t < 3; ++t) play_tower(parts, t, {3});  // {d} goes on the worker and fails there
     CHECK_THROWS_WITH(parts.after_towers(settling), Catch::Contains("a bucket's part failed"));
     CHECK(log.rest.size() == (settling ? 1u : 0u));

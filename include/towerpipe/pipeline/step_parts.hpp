@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
 #include "towerpipe/plan/buckets.hpp"
+#include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -25,13 +27,15 @@ template <class Towers, class Reducer>
 class step_parts final : public tower_ready_listener {
  public:
   // `element_bytes`: a gradient element as the towers hold it (for the buckets' byte cap).
+  // `tracer`: where a bucket reduced during the towers is drawn (row "reduce (during towers)").
   step_parts(const variable_set& variables, const gradient_buckets& buckets, std::size_t element_bytes, Towers& towers,
-             Reducer& reducer)
+             Reducer& reducer, const tracer& tracer)
       : plan_(make_bucket_plan(variables, buckets, element_bytes)),
         readiness_(plan_, towers.towers()),
         marks_per_step_(towers.towers() * variables.count()),
         towers_(towers),
-        reducer_(reducer) {
+        reducer_(reducer),
+        tracer_(tracer) {
     towers_.prepare_bucket_events(plan_.count());
     towers_.set_ready_listener(this);
     if (plan_.count() == 1 && variables.count() > 1)
@@ -48,7 +52,9 @@ class step_parts final : public tower_ready_listener {
 
   // Before the towers run: the reducer begins the step; buckets go during the towers where the work says so.
   template <class Work>
-  void begin(const Work& work) {
+  void begin(const Work& work, std::int64_t step) {
+    step_ = step;
+    bucket_span_ = work.checked ? "bucket: average + screen" : "bucket: average + apply";
     readiness_.reset();
     reduced_.assign(plan_.count(), 0);
     marks_left_.store(marks_per_step_);
@@ -65,8 +71,10 @@ class step_parts final : public tower_ready_listener {
     if (during_towers_) towers_.record_bucket_done(tower, bucket);
     if (!readiness_.tower_completed(bucket) || !during_towers_) return;
     worker_.post([this, bucket, marks_to_come] {
+      const auto start = tracer::clock::now();
       reducer_.reduce_part(towers_, step_part{plan_.buckets[bucket], bucket});
       reduced_[bucket] = marks_to_come ? hidden : reduced;
+      tracer_.span(bucket_span_, start, tracer::clock::now(), step_, "reduce (during towers)");
     });
   }
   // What the tower left unmarked counts as marked. A bucket whose last tower completes it here waits for
@@ -140,6 +148,9 @@ class step_parts final : public tower_ready_listener {
   std::size_t marks_per_step_;  // towers x variables
   Towers& towers_;
   Reducer& reducer_;
+  const tracer& tracer_;
+  std::int64_t step_ = 0;
+  const char* bucket_span_ = "";
   bool during_towers_ = false;
   double seconds_during_towers_ = 0;  // the worker's, this step
   step_clock::time_point towers_ended_;
