@@ -633,6 +633,9 @@ TEST_CASE("simulated devices: fill, find_first and batches of copies", "[simulat
   const void* const srcs[] = {pinned.get(), peer.get()};
   const std::size_t bytes[] = {4 * sizeof(std::uint32_t), 2 * sizeof(std::uint32_t)};
   exec.copy_batch_async(dsts, srcs, bytes, 2, s);
+  REQUIRE_THAT(error_of([&] { exec.copy_batch_async(dsts, srcs, bytes, 0, s); }), Contains("an empty batch"));
+  const std::size_t no_bytes[] = {4 * sizeof(std::uint32_t), 0};
+  REQUIRE_THAT(error_of([&] { exec.copy_batch_async(dsts, srcs, no_bytes, 2, s); }), Contains("range 1 of 2 has no bytes"));
   std::vector<std::uint32_t> host(100);
   exec.synchronize(s);
   exec.copy_to_host_now(host.data(), words.get(), 100 * sizeof(std::uint32_t));

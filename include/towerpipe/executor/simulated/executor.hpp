@@ -150,8 +150,13 @@ class simulated_executor {
   }
   void copy_batch_async(void* const* dsts, const void* const* srcs, const std::size_t* bytes, std::size_t count,
                         const stream& s) const {
+    // cudaMemcpyBatchAsync refuses an empty batch and a zero-byte range (cudaErrorInvalidValue).
+    if (count == 0) fail("copy_batch_async: an empty batch (CUDA refuses it: cudaErrorInvalidValue)");
     std::vector<simulation::copy_range> ranges;
-    for (std::size_t i = 0; i < count; ++i) ranges.push_back({dsts[i], srcs[i], bytes[i]});
+    for (std::size_t i = 0; i < count; ++i) {
+      if (bytes[i] == 0) fail("copy_batch_async: range ", i, " of ", count, " has no bytes (CUDA refuses it: cudaErrorInvalidValue)");
+      ranges.push_back({dsts[i], srcs[i], bytes[i]});
+    }
     engine().copy(ranges, stream_id(*machine_, s), "copy_batch_async");
   }
   void memset_async(void* dst, int byte, std::size_t bytes, const stream& s) const {
