@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Line coverage of the library on the host: the sanitize workflow (CMakePresets.json: host tests and the
-# simulated-device tests under AddressSanitizer + UndefinedBehaviorSanitizer, built with --coverage; the
-# MPI tests run in the ci workflow, without coverage, so comm/mpi.hpp counts as never run here) runs, then gcovr reads its counts and tests/coverage_report.py prints every library header's
+# Line coverage of the library on the host: the sanitize workflow (CMakePresets.json: host tests, the
+# simulated-device tests and the MPI tests under AddressSanitizer + UndefinedBehaviorSanitizer, built with
+# --coverage) runs, then gcovr reads its counts and tests/coverage_report.py prints every library header's
 # executed lines and the library lines never executed on the host (the unexecuted lines of the headers a
 # host build compiles, plus the code lines of those no host build compiles: the CUDA-only shells).
-# LIMIT (default 1400): the most such lines allowed; above it the script fails. The aim is 1000 (all of them
-# in the CUDA shells); measured 1366 on 2026-12-02, so the limit keeps the figure from growing meanwhile.
+# LIMIT (default 1200): the most such lines allowed; above it the script fails. The aim is 1000 (all of them
+# in the CUDA shells); measured 1366 on 2026-12-02, 1177 on 2026-12-04 with the MPI tests counted; the limit
+# keeps the figure from growing meanwhile.
 # Installs gcovr from PyPI where it is missing. Writes build/sanitize/coverage.json and coverage.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +20,4 @@ build=build/sanitize
 gcovr --root "$PWD" --filter "$PWD/include/" --exclude-directory ".*/CMakeFiles/[0-9.]+/.*" --object-directory "$build" --json "$build/coverage.json" \
   --merge-mode-functions=separate --gcov-ignore-parse-errors=negative_hits.warn_once_per_file "$build" >/dev/null
 ninja -C "$build" -t deps > "$build/compiled.deps"  # which headers the host build compiled
-python3 tests/coverage_report.py "$build/coverage.json" --include include --deps "$build/compiled.deps" --limit "${LIMIT:-1400}" | tee "$build/coverage.txt"
+python3 tests/coverage_report.py "$build/coverage.json" --include include --deps "$build/compiled.deps" --limit "${LIMIT:-1200}" | tee "$build/coverage.txt"

@@ -53,13 +53,15 @@ class device_optimizer_state {
   device_optimizer_state(const Executor& exec, const variable_set& variables, const typename Optim::hyper_parameters& h, int device)
       : exec_(exec),
         device_(device),
-        host_mirror_(variables),
         master_(variables_if(mixed, variables), exec.device_memory(device)),
         master_mirror_(variables_if(mixed, variables)),
         master_table_(exec, gather_pointers<T>(std::vector<device_buffer*>{&master_}), static_cast<int>(master_.variables().count()),
                       device) {
     const int slots = Optim::state_slots(h);
-    for (int s = 0; s < slots; ++s) slots_.emplace_back(variables, exec.device_memory(device));
+    for (int s = 0; s < slots; ++s) {
+      slots_.emplace_back(variables, exec.device_memory(device));
+      host_mirrors_.emplace_back(variables);
+    }
     std::vector<device_buffer*> roles;
     for (device_buffer& slot : slots_) roles.push_back(&slot);
     table_ = std::make_unique<typename Executor::template pointer_table<T>>(exec, gather_pointers<T>(roles),
@@ -92,7 +94,7 @@ class device_optimizer_state {
   tensor_view<const T> state(std::size_t slot, std::size_t index) const {
     exec_.synchronize_device(device_);
     const typename Executor::device_guard on(exec_, device_);
-    const tensor_view<T> target = host_mirror_.view(index);
+    const tensor_view<T> target = host_mirrors_[slot].view(index);  // a slot's own: views of two slots coexist
     exec_.copy_to_host_now(target.data(), slots_[slot].data(index), target.size() * sizeof(T));
     return target;
   }
@@ -115,7 +117,7 @@ class device_optimizer_state {
   const Executor& exec_;
   int device_;
   std::vector<device_buffer> slots_;
-  typename Layout::template buffer<host_memory, T> host_mirror_;
+  std::vector<typename Layout::template buffer<host_memory, T>> host_mirrors_;  // per slot
   std::unique_ptr<typename Executor::template pointer_table<T>> table_;
   device_buffer master_;
   typename Layout::template buffer<host_memory, T> master_mirror_;

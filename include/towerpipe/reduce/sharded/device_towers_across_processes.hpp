@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -65,7 +66,6 @@ class sharded_process_reducer {
         gathered_flat_(vector_pointer_table<Policy>(exec_, buffers_.gathered_flat, count(), table_, device_,
                                                     "reduce::sharded: the gathered parameters")),
         host_slice_(plan_.mine().stored_elements),
-        host_state_(plan_.total()),
         host_master_(mixed ? plan_.total() : 0) {
     check_device_tower_count("reduce::sharded", setup.towers.towers());
     for (std::size_t t = 0; t < setup.towers.towers(); ++t) {
@@ -194,20 +194,21 @@ class sharded_process_reducer {
     return bytes;
   }
   // A collective, as for host towers (reduce/sharded/host_towers.hpp): every process's slice of the slot,
-  // gathered once per slot between steps.
+  // gathered once per slot between steps, into the slot's own copy (views of two slots coexist).
   tensor_view<const master_type> state(std::size_t slot, std::size_t index) {
-    if (gathered_slot_ != static_cast<int>(slot)) {
+    const auto [gathered, fresh] = gathered_states_.try_emplace(slot);
+    if (fresh) {
+      gathered->second.resize(plan_.total());
       owner_.slot_to_host(slot, host_slice_.data());
-      span_.group().all_gather_blocks(reinterpret_cast<const char*>(host_slice_.data()), reinterpret_cast<char*>(host_state_.data()),
+      span_.group().all_gather_blocks(reinterpret_cast<const char*>(host_slice_.data()), reinterpret_cast<char*>(gathered->second.data()),
                                       gather_blocks_.offsets, gather_blocks_.bytes, "gathering optimizer state");
-      gathered_slot_ = static_cast<int>(slot);
     }
-    return tensor_view<const master_type>(host_state_.data() + padded_starts_[index], variables_[index].shape);
+    return tensor_view<const master_type>(gathered->second.data() + padded_starts_[index], variables_[index].shape);
   }
   // This process's part of the values (no communication).
   void set_state(std::size_t slot, std::size_t index, const master_type* values) {
-    owner_.set_state(slot, index, values);  // checks the slot first: a refused call leaves the gathered slot valid
-    gathered_slot_ = -1;
+    owner_.set_state(slot, index, values);  // checks the slot first: a refused call leaves the gathered slots valid
+    gathered_states_.clear();
   }
 
  private:
@@ -256,7 +257,7 @@ class sharded_process_reducer {
 
   // Step 4, then every tower's next work waits for the new parameters.
   void gather_and_broadcast(towers_type& towers, stage_seconds& stages) {
-    gathered_slot_ = -1;
+    gathered_states_.clear();
     const stream& s = owner_.owner_stream();
     exec_.synchronize(s);
     const auto reduced = step_clock::now();
@@ -295,9 +296,9 @@ class sharded_process_reducer {
   std::vector<std::unique_ptr<send_rows>> sends_;  // one per owner with a non-empty slice
   device_collectives<stream>* collectives_ = nullptr;
   std::unique_ptr<staged_collectives<Executor>> staged_;
-  std::vector<master_type> host_slice_, host_state_;
+  std::vector<master_type> host_slice_;
   std::vector<master_type> host_master_;  // mixed precision: master()'s copies, laid out as the gathered buffer
-  int gathered_slot_ = -1;               // the state slot host_state_ holds, -1: none or stale
+  std::map<std::size_t, std::vector<master_type>> gathered_states_;  // per state slot read since the last step or set
   step_work<master_type, Optim> work_;
   step_clock::time_point rest_started_;
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <exception>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -88,7 +89,7 @@ class sharded_host_reducer {
   // After the processes agreed on the towers: the owner's update and every slice to every process, or a
   // checked step's screen of the owner's slice, shared.
   screen_partials finish(towers_type& towers, stage_seconds& stages) {
-    gathered_slot_ = -1;
+    gathered_states_.clear();
     if (work_.checked) {
       if (span_.size() > 1) owner_key_ = slices_.screen_slice(towers.pool(), slices_.mine(), work_.window, tile_sums_);
       const screen_partials partials = span_.share_screen({tile_sums_, std::min(raw_key_, owner_key_)});
@@ -124,17 +125,19 @@ class sharded_host_reducer {
   }
 
   std::size_t state_slots() const { return static_cast<std::size_t>(slots_); }
-  // Collective (policy.hpp): gathers the slot's slices, once per slot between steps.
+  // Collective (policy.hpp): gathers the slot's slices, once per slot between steps, into the slot's own
+  // copy (views of two slots coexist).
   tensor_view<const master_type> state(std::size_t slot, std::size_t index) {
-    if (gathered_slot_ != static_cast<int>(slot)) {
-      gather(slices_.slot_base(slot), slices_.gathered(), "gathering optimizer state");
-      gathered_slot_ = static_cast<int>(slot);
+    const auto [gathered, fresh] = gathered_states_.try_emplace(slot);
+    if (fresh) {
+      gathered->second.resize(plan().total());
+      gather(slices_.slot_base(slot), gathered->second.data(), "gathering optimizer state");
     }
-    return tensor_view<const master_type>(slices_.gathered() + slices_.padded_start(index), variables_[index].shape);
+    return tensor_view<const master_type>(gathered->second.data() + slices_.padded_start(index), variables_[index].shape);
   }
   // This process's part of the values (no communication).
   void set_state(std::size_t slot, std::size_t index, const master_type* values) {
-    gathered_slot_ = -1;
+    gathered_states_.clear();
     plan().mine().for_each_stored_range_of(index, [&](const element_range& range, std::size_t offset) {
       std::copy(values + range.begin, values + range.end, slices_.slot_base(slot) + offset);
     });
@@ -200,7 +203,7 @@ class sharded_host_reducer {
   // the towers' parameters. `scatter`: whether the new parameters still go to the towers (an unchecked
   // step in one process has put each part's there already). stages.reduce from the rest's start.
   void finish_step(towers_type& towers, stage_seconds& stages, bool scatter) {
-    gathered_slot_ = -1;
+    gathered_states_.clear();
     const auto reduced = step_clock::now();
     master_type* all = mixed ? slices_.master() : span_.size() > 1 ? slices_.gathered() : slices_.updated();
     if (all != slices_.updated()) gather(slices_.updated(), all, "gathering parameters");
@@ -224,7 +227,7 @@ class sharded_host_reducer {
   sharded_host_slices<Optim, Layout> slices_;
   exchange_plan::blocks send_blocks_, receive_blocks_, gather_blocks_;
   std::vector<exchange_plan::blocks> bucket_send_blocks_, bucket_receive_blocks_;  // per bucket
-  int gathered_slot_ = -1;  // the state slot the gathered buffer holds, -1: none (parameters or stale)
+  std::map<std::size_t, std::vector<master_type>> gathered_states_;  // per state slot read since the last step or set
   // A checked step's screen as its parts go: the first non-finite raw gradient and average, and the
   // owner's tiles' sums of squares (a chunk of the table is a tile).
   nonfinite_key raw_key_ = no_nonfinite, owner_key_ = no_nonfinite;
