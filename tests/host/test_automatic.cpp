@@ -113,10 +113,18 @@ TEST_CASE("reduce::automatic on host towers runs reduce::host, says so, and trai
   CHECK(log.has("towerpipe: reduce::automatic chose reduce::host: 3 host tower(s)"));
 }
 
-TEST_CASE("reduce::automatic with bf16 towers and per-variable layout trains bitwise as reduce::host", "[automatic]") {
+TEST_CASE("reduce::automatic with bf16 towers and per-variable layout trains bitwise as reduce::host, timed or not",
+          "[automatic]") {
   trainer<reduce::automatic, layout::per_variable<bfloat16>> automatic(some_variables(), inputs, 2, {});
   trainer<reduce::host, layout::per_variable<bfloat16>> host(some_variables(), inputs, 2, {});
   train_alike(automatic, host, 3, 2);
+  // Timing snapshots and restores the fp32 master copy beside the bf16 replicas, and compares it.
+  pipeline_options timed_options;
+  timed_options.time_backends = 2;
+  trainer<reduce::automatic, layout::per_variable<bfloat16>> timed(some_variables(), inputs, 2, {}, timed_options);
+  trainer<reduce::host, layout::per_variable<bfloat16>> untimed(some_variables(), inputs, 2, {});
+  train_alike(timed, untimed, 3, 7);
+  CHECK(timed.backend_reason().find("timed on this machine's first step (median of 2; bitwise equal)") != std::string::npos);
 }
 
 TEST_CASE("time_backends: the fastest candidate kept, training bitwise as without timing", "[automatic]") {

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,6 +74,32 @@ std::string read_file(const std::string& path) {
 }
 void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
+// A checkpoint's bytes with the header line that starts with `key` replaced by `line` (removed where it is
+// empty) and, where given, another format version; the header size and the checksum to match.
+std::string with_header_line(const std::string& file, const std::string& key, const std::string& line, std::uint32_t version = 0) {
+  std::string bytes = file.substr(0, file.size() - sizeof(std::uint64_t));
+  const std::size_t found = bytes.find("\n" + key + " ");
+  REQUIRE(found != std::string::npos);
+  const std::size_t begin = found + 1, size = bytes.find('\n', begin) + 1 - begin;
+  const std::string replacement = line.empty() ? line : line + "\n";
+  bytes.replace(begin, size, replacement);
+  std::uint64_t header_size;
+  std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
+  header_size = header_size - size + replacement.size();
+  std::memcpy(&bytes[12], &header_size, sizeof header_size);
+  if (version != 0) std::memcpy(&bytes[8], &version, sizeof version);
+  const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
+  return bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
+}
+
+// No temporary of a save to `path` is left beside it.
+bool no_temporary_of(const std::string& path) {
+  glob_t leftovers{};
+  const bool none = ::glob((path + ".tmp.*").c_str(), 0, nullptr, &leftovers) == GLOB_NOMATCH;
+  ::globfree(&leftovers);
+  return none;
+}
+
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips into another layout and resumes bitwise", "[checkpoint]") {
@@ -82,9 +110,7 @@ TEST_CASE("a checkpoint round-trips into another layout and resumes bitwise", "[
   trainer<layout::flat<float>> first_half(variables, inputs, 3, optim::adam::hyper_parameters{});
   train_steps(first_half, 0, 5);
   save_checkpoint(first_half, path);
-  glob_t leftovers{};
-  CHECK(::glob((path + ".tmp.*").c_str(), 0, nullptr, &leftovers) == GLOB_NOMATCH);  // no temporary left behind
-  ::globfree(&leftovers);
+  CHECK(no_temporary_of(path));
 
   trainer<layout::per_variable<float>> resumed(variables, inputs, 3, optim::adam::hyper_parameters{});
   load_checkpoint(resumed, path);
@@ -121,21 +147,15 @@ TEST_CASE("damaged or mismatched checkpoints are rejected with the reason, and n
   CHECK_THROWS_WITH(load_checkpoint(target, path + ".missing"), Catch::Contains("cannot open"));
   CHECK_THROWS_WITH(load_checkpoint(target, "/tmp"), Catch::Contains("checkpoint /tmp: not a regular file"));
 
-  // A step count out of range, with a checksum that matches: rejected before anything changes.
-  const auto with_steps = [&](const std::string& steps) {
-    std::string bytes = good.substr(0, good.size() - sizeof(std::uint64_t));
-    const std::size_t at = bytes.find("steps 3\n");
-    REQUIRE(at != std::string::npos);
-    bytes.replace(at, 8, "steps " + steps + "\n");
-    std::uint64_t header_size;
-    std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
-    header_size += steps.size() - 1;
-    std::memcpy(&bytes[12], &header_size, sizeof header_size);
-    const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
-    return bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
-  };
-  rejects(with_steps("-1"), "step count -1 is outside [0, 2^53]");
-  rejects(with_steps("9223372036854775807"), "step count 9223372036854775807 is outside");
+  // Header fields out of range or unreadable, with a checksum that matches: rejected before anything changes.
+  rejects(with_header_line(good, "steps", "steps -1"), "step count -1 is outside [0, 2^53]");
+  rejects(with_header_line(good, "steps", "steps 9223372036854775807"), "step count 9223372036854775807 is outside");
+  rejects(with_header_line(good, "steps", "steps 3", 99), "format version 99, this build reads versions 1 to 3");
+  rejects(with_header_line(good, "loss_scale", "loss_scale x"), "unreadable header: 'loss_scale' is 'x' (a scale and a good-step count)");
+  rejects(with_header_line(good, "variable", "variable w 33 0"), "unreadable header: variable 'w' has a zero extent in shape [33, 0]");
+  rejects(with_header_line(good, "user_data", "user_data 0 xyz"), "unreadable header: 'user_data' is '0 xyz' (a size and a 16-digit checksum)");
+  rejects(with_header_line(good, "user_data", "user_data 99999999999 0000000000000000"),
+          "unreadable header: 99999999999 bytes of user data, at most 1048576");
 
   write_file(path, good);
   trainer<layout::flat<float>> other_shape(variable_set{{"w", {33, 8}}, {"b", {7}}}, inputs, 2,
@@ -145,6 +165,16 @@ TEST_CASE("damaged or mismatched checkpoints are rejected with the reason, and n
   trainer<layout::flat<float>, optim::adamw> other_optimizer(variables, inputs, 2, optim::adamw::hyper_parameters{});
   CHECK_THROWS_WITH(load_checkpoint(other_optimizer, path),
                     Catch::Contains("written by optimizer adam, this pipeline uses adamw"));
+  trainer<layout::flat<float>> fewer_variables(variable_set{{"w", {33, 7}}}, inputs, 2, optim::adam::hyper_parameters{});
+  CHECK_THROWS_WITH(load_checkpoint(fewer_variables, path), Catch::Contains("holds 2 variables, this pipeline has 1"));
+  // The same optimizer with another number of state slots: sgd with momentum keeps one, without none.
+  optim::sgd::hyper_parameters momentum;
+  momentum.momentum = 0.9;
+  trainer<layout::flat<float>, optim::sgd> with_momentum(variables, inputs, 2, momentum);
+  train_steps(with_momentum, 0, 1);
+  save_checkpoint(with_momentum, path);
+  trainer<layout::flat<float>, optim::sgd> plain(variables, inputs, 2, optim::sgd::hyper_parameters{});
+  CHECK_THROWS_WITH(load_checkpoint(plain, path), Catch::Contains("holds 1 optimizer state slot(s), this pipeline has 0"));
   std::remove(path.c_str());
 }
 
@@ -177,6 +207,34 @@ TEST_CASE("a checkpoint that cannot be written says why and leaves no temporary"
   trainer<layout::flat<float>> source(variables, inputs, 2, optim::adam::hyper_parameters{});
   CHECK_THROWS_WITH(save_checkpoint(source, "/nonexistent-dir/x.ckpt"),
                     Catch::Contains("checkpoint /nonexistent-dir/x.ckpt: cannot create a temporary file beside it"));
+  // A full disk, as a file size limit makes one: the write fails, named, and its temporary goes.
+  const std::string path = temporary_path("too_large.ckpt");
+  struct rlimit limit {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &limit) == 0);
+  const struct rlimit unlimited = limit;
+  limit.rlim_cur = 64;
+  const auto signal_before = std::signal(SIGXFSZ, SIG_IGN);  // else past the limit the process is killed
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  std::string message;
+  try {
+    save_checkpoint(source, path);
+  } catch (const error& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &unlimited);
+  std::signal(SIGXFSZ, signal_before);
+  CHECK_THAT(message, Catch::Contains("checkpoint " + path + ": write failed: File too large"));
+  CHECK(no_temporary_of(path));
+  CHECK(::access(path.c_str(), F_OK) != 0);
+  // A directory where the file should go: the rename fails, named, and the directory stays as it was.
+  const std::string directory = temporary_path("a_directory.ckpt");
+  std::filesystem::remove_all(directory);
+  REQUIRE(std::filesystem::create_directory(directory));
+  write_file(directory + "/inside", "kept");
+  CHECK_THROWS_WITH(save_checkpoint(source, directory), Catch::Contains("checkpoint " + directory + ": rename failed: "));
+  CHECK(no_temporary_of(directory));
+  CHECK(read_file(directory + "/inside") == "kept");
+  std::filesystem::remove_all(directory);
 }
 
 namespace {
@@ -205,25 +263,8 @@ TEST_CASE("the dynamic loss scale is saved and restored, and version-1 files wit
   require_same_state(loaded, source);
 
   // The same file as format version 1: no loss_scale line (nor version 3's user_data line, here for no
-  // user data), header size and checksum to match.
-  std::string bytes = read_file(path);
-  bytes.resize(bytes.size() - sizeof(std::uint64_t));
-  const std::size_t line = bytes.find("loss_scale 512 1\n");
-  REQUIRE(line != std::string::npos);
-  bytes.erase(line, 17);
-  const std::size_t user_data_line = bytes.find("user_data 0 ");
-  REQUIRE(user_data_line != std::string::npos);
-  const std::size_t user_data_line_size = bytes.find('\n', user_data_line) + 1 - user_data_line;
-  bytes.erase(user_data_line, user_data_line_size);
-  const std::uint32_t version = 1;
-  std::memcpy(&bytes[8], &version, sizeof version);
-  std::uint64_t header_size;
-  std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
-  header_size -= 17 + user_data_line_size;
-  std::memcpy(&bytes[12], &header_size, sizeof header_size);
-  const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
-  bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
-  write_file(path, bytes);
+  // user data).
+  write_file(path, with_header_line(with_header_line(read_file(path), "loss_scale", ""), "user_data", "", 1));
   trainer<layout::flat<float>> old(variables, inputs, 2, optim::adam::hyper_parameters{});
   load_checkpoint(old, path);
   require_same_state(old, source);
@@ -244,20 +285,8 @@ TEST_CASE("a checkpoint whose loss scale no step could use is refused whole", "[
   train_steps(source, 0, 3);
   save_checkpoint(source, path);
   const std::string good = read_file(path);
-  // The file with its loss_scale line replaced, header size and checksum to match.
-  const auto with_loss_scale = [&](const std::string& line) {
-    std::string bytes = good.substr(0, good.size() - sizeof(std::uint64_t));
-    const std::string old_line = "loss_scale 512 1\n";
-    const std::size_t at = bytes.find(old_line);
-    REQUIRE(at != std::string::npos);
-    bytes.replace(at, old_line.size(), "loss_scale " + line + "\n");
-    std::uint64_t header_size;
-    std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
-    header_size = header_size + line.size() + 12 - old_line.size();
-    std::memcpy(&bytes[12], &header_size, sizeof header_size);
-    const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
-    return bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
-  };
+  REQUIRE(good.find("\nloss_scale 512 1\n") != std::string::npos);
+  const auto with_loss_scale = [&](const std::string& line) { return with_header_line(good, "loss_scale", "loss_scale " + line); };
   trainer<layout::flat<float>> target(variables, inputs, 2, optim::adam::hyper_parameters{}, options);
   train_steps(target, 0, 1);
   std::vector<std::vector<float>> before;
@@ -432,21 +461,7 @@ TEST_CASE("a checkpoint carries the program's own data, checksummed, and files w
   CHECK(read_file(path) == good);
 
   // A version-2 file (before user data): the same bytes without the user_data line; it loads, with none.
-  std::string bytes = without.substr(0, without.size() - sizeof(std::uint64_t));
-  const std::size_t line = bytes.find("user_data 0 ");
-  REQUIRE(line != std::string::npos);
-  const std::size_t line_end = bytes.find('\n', line) + 1;
-  const std::size_t line_size = line_end - line;
-  bytes.erase(line, line_size);
-  const std::uint32_t version = 2;
-  std::memcpy(&bytes[8], &version, sizeof version);
-  std::uint64_t header_size;
-  std::memcpy(&header_size, bytes.data() + 12, sizeof header_size);
-  header_size -= line_size;
-  std::memcpy(&bytes[12], &header_size, sizeof header_size);
-  const std::uint64_t sum = fnv1a(bytes.data(), bytes.size());
-  bytes.append(reinterpret_cast<const char*>(&sum), sizeof sum);
-  write_file(path, bytes);
+  write_file(path, with_header_line(without, "user_data", "", 2));
   trainer<layout::flat<float>> old(variables, inputs, 2, optim::adam::hyper_parameters{});
   CHECK(load_checkpoint(old, path).empty());
   require_same_state(old, source);

@@ -35,6 +35,9 @@ TEST_CASE("the chunk table covers every element exactly once, in aligned chunks"
     for (int c : counts) REQUIRE(c == 1);
   }
   CHECK(chunks.size() == 5 + 1 + 4 + 5);
+  // The tables hold 32-bit element offsets: a variable of 2^32 elements is refused, naming it.
+  CHECK_THROWS_WITH(make_chunk_table(variable_set{{"embedding", {65536, 65536}}}, 1024),
+                    Catch::Contains("variable 'embedding' has 4294967296 elements; at most 2^32 - 1 supported"));
 }
 
 TEST_CASE("transfer groups partition the chunk table and their ranges cover every element once",

@@ -265,6 +265,8 @@ TEST_CASE("set_parameter checks the size against the variable's shape", "[pipeli
   CHECK_THROWS_WITH(f.p.set_parameter("b", values.data(), values.size()),
                     Catch::Contains("parameter 'b' set with 5 values; its shape [4] holds 4"));
   CHECK_THROWS_WITH(f.p.parameter(7), Catch::Contains("variable index 7 is out of range (2 variables)"));
+  CHECK_THROWS_WITH(f.p.set_optimizer_state(1, f.p.variables().index_of("b"), values.data(), values.size()),
+                    Catch::Contains("adam state slot 1 of 'b' set with 5 values; it holds 4"));
 }
 
 TEST_CASE("staged batches are stepped in order, at most two wait, a failed step consumes its batch",
