@@ -127,6 +127,13 @@ TEST_CASE("reduce::automatic with bf16 towers and per-variable layout trains bit
   CHECK(timed.backend_reason().find("timed on this machine's first step (median of 2; bitwise equal)") != std::string::npos);
 }
 
+TEST_CASE("reduce::automatic hands optimizer state set on it to the backend it runs", "[automatic]") {
+  trainer<reduce::automatic> automatic(some_variables(), inputs, 2, {});
+  const std::vector<float> values(automatic.variables()[0].size, 0.25f);
+  automatic.set_optimizer_state(1, 0, values.data(), values.size());
+  CHECK(first_bitwise_difference(automatic.optimizer_state(1, 0), values) == -1);
+}
+
 TEST_CASE("time_backends: the fastest candidate kept, training bitwise as without timing", "[automatic]") {
   for (const pipeline_options& base : {unchecked(), pipeline_options{}}) {
     pipeline_options timed_options = base;

@@ -52,6 +52,15 @@ TEST_CASE("reading an input as the wrong type or name is an error naming it", "[
   CHECK_THROWS_WITH(b.input<float>("label"), Catch::Contains("input 'label' holds int32, read as float32"));
   CHECK_THROWS_WITH(b.input<std::int32_t>("image"), Catch::Contains("no input named 'image'"));
   CHECK_THROWS_WITH(b.add("label", labels.data(), 3, {}), Catch::Contains("'label' added twice"));
+  // Every element type is named as such (a range with its example count, checked against its size).
+  const std::vector<double> wide(6);
+  const std::vector<std::int64_t> ids(3);
+  const std::vector<std::uint8_t> pixels(3);
+  b.add("wide", wide, 3, {2}).add("ids", ids, 3, {}).add("pixels", pixels, 3, {});
+  CHECK_THROWS_WITH(b.input<float>("wide"), Catch::Contains("input 'wide' holds float64, read as float32"));
+  CHECK_THROWS_WITH(b.input<std::uint8_t>("ids"), Catch::Contains("input 'ids' holds int64, read as uint8"));
+  CHECK_THROWS_WITH(b.input<std::int64_t>("pixels"), Catch::Contains("input 'pixels' holds uint8, read as int64"));
+  CHECK_THROWS_WITH(b.add("short", wide, 4, {2}), Catch::Contains("batch input 'short': 4 examples of shape [2] need 8 values, the range holds 6"));
 }
 
 TEST_CASE("a batch must match the declared inputs", "[batch][errors]") {

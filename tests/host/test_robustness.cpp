@@ -379,6 +379,39 @@ TEST_CASE("over thread ranks, a rank that stops is named by the others at the de
   }
 }
 
+TEST_CASE("thread_process_group refuses ranks that make different calls or send other sizes than expected, on every rank",
+          "[robustness][ranks]") {
+  const auto group = thread_process_group::create(2);
+  const std::vector<std::string> errors = on_every_rank(2, [&](std::size_t r) {
+    std::vector<std::string> seen;
+    const char bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    char out[8] = {};
+    const auto error_of = [&](auto&& call) {
+      try {
+        call();
+      } catch (const error& e) {
+        seen.push_back(e.what());
+        return;
+      }
+      seen.push_back("no error");
+    };
+    // Different collectives in one round.
+    error_of([&] { group[r]->all_gather(bytes, 4, r == 0 ? "gathering a" : "gathering b"); });
+    // Rank 1 sends rank 0 three bytes where rank 0 expects two, and gives a block of 4 where rank 0 expects
+    // 2: rank 0 fails, naming rank 1 (rank 1 received what it expected).
+    error_of([&] { group[r]->all_to_all(bytes, {0, 4}, {r == 1 ? 3u : 2u, 2}, out, {0, 4}, {2, 2}, "exchanging"); });
+    error_of([&] { group[r]->all_gather_blocks(bytes, out, {0, 4}, {2, r == 1 ? 4u : 2u}, "gathering blocks"); });
+    if (seen[0].find("the ranks make different calls: rank 1 is gathering b, rank 0 is gathering a") == std::string::npos ||
+        (r == 0) != (seen[1].find("rank 0: exchanging: rank 1 sent 3 bytes, 2 expected") != std::string::npos) ||
+        (r == 0) != (seen[2].find("rank 0: gathering blocks: rank 1 gave 4 bytes, 2 expected") != std::string::npos))
+      detail::fail("rank ", r, " saw: ", seen[0], " | ", seen[1], " | ", seen[2]);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+  }
+}
+
 TEST_CASE("over thread ranks, a batch refused on one rank fails the step on every rank alike, and the next step runs",
           "[robustness][sharded][ranks]") {
   const std::size_t ranks = 3, examples = 12;

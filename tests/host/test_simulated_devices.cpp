@@ -656,6 +656,32 @@ TEST_CASE("simulated devices: fill, find_first and batches of copies", "[simulat
   REQUIRE_THAT(error_of([&] { exec.copy_peer_async(words.get(), 1, peer.get(), 1, 8, s); }),
                Contains("the destination is device 0's allocation") && Contains("not memory of device 1"));
   REQUIRE_THAT(error_of([&] { exec.copy_async(words.get() + 1, words.get(), 8, s); }), Contains("overlap"));
+  // A copy into pageable memory returns once it has landed, as CUDA's does; a fill of nothing is nothing.
+  std::uint32_t landed[2] = {};
+  exec.copy_async(landed, words.get(), sizeof landed, s);
+  REQUIRE(landed[0] == 1);
+  REQUIRE(landed[1] == 2);
+  exec.fill_async(words.get(), 0, 7u, s);
+  // What asynchronous and synchronous copies refuse: pageable memory where CUDA needs device or pinned
+  // memory, device memory where host memory is meant.
+  REQUIRE_THAT(error_of([&] { exec.memset_async(pageable, 0, sizeof pageable, s); }),
+               Contains("is pageable host memory; asynchronous work needs device or pinned memory"));
+  REQUIRE_THAT(error_of([&] { exec.copy_to_host_now(host.data(), pageable, sizeof pageable); }),
+               Contains("the device side at") && Contains("is not device memory (pageable host memory"));
+  REQUIRE_THAT(error_of([&] { exec.copy_to_host_now(peer.get(), words.get(), 8); }),
+               Contains("the host side is") && Contains("not host memory"));
+}
+
+TEST_CASE("simulated devices: an event is recorded and timed on its own device only", "[simulation]") {
+  const exec_t exec(make_machine(2, 1));
+  const exec_t::stream on_0(exec, 0), on_1(exec, 1);
+  const exec_t::event start(exec, 0, true), end(exec, 1, true);
+  REQUIRE_THAT(error_of([&] { exec.record(end, on_0); }), Contains("of device 1 recorded on") && Contains("(the same device required)"));
+  exec.record(start, on_0);
+  exec.record(end, on_1);
+  exec.synchronize(start);
+  exec.synchronize(end);
+  REQUIRE_THAT(error_of([&] { (void)exec.seconds_between(start, end); }), Contains("is of device 0") && Contains("of device 1"));
 }
 
 TEST_CASE("simulated devices: op counts", "[simulation]") {

@@ -92,6 +92,29 @@ TEST_CASE("poison_gradients on simulated device towers names an unwritten elemen
   machine->check();
 }
 
+TEST_CASE("device0 averages 6, 7 and 8 towers with the kernels unrolled for them, and refuses more than 64 towers",
+          "[simulated][device0]") {
+  for (std::size_t towers : {6, 7, 8}) {
+    INFO(towers << " towers");
+    for (nonfinite_policy policy : {nonfinite_policy::unchecked, nonfinite_policy::skip}) {  // the fused pass, the screen
+      const auto machine = machine_of(2);
+      pipeline_options options = on(machine, towers, 2);
+      options.on_nonfinite = policy;
+      pipeline<exec::simulated, reduce::device0, optim::sgd, layout::flat<float>> p(variables, inputs, towers, {}, options);
+      step_on(p, {99, 0});
+      // One sgd step (learning rate 1e-3) from zero on the mean of 1, ..., towers.
+      const double mean = (static_cast<double>(towers) + 1) / 2;
+      CHECK(p.parameter("w")[1234] == Approx(-1e-3 * mean).epsilon(1e-6));
+      CHECK(p.parameter("b")[99] == Approx(-1e-3 * mean).epsilon(1e-6));
+      machine->check();
+    }
+  }
+  const auto machine = machine_of(1);
+  using device0_trainer = pipeline<exec::simulated, reduce::device0, optim::sgd, layout::flat<float>>;
+  CHECK_THROWS_WITH(device0_trainer(variables, inputs, 65, {}, on(machine, 65, 1)),
+                    Catch::Contains("reduce::device0 takes at most 64 towers, 65 requested"));
+}
+
 TEST_CASE("the timeline of simulated device towers holds each tower's compute and copy and the reduction's device spans",
           "[simulated][timeline]") {
   const auto traced = [](auto reduce, std::size_t towers) {
