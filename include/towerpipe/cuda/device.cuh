@@ -116,8 +116,6 @@ class cuda_event {
 
   cudaEvent_t get() const { return event_; }
   void record(const cuda_stream& stream) const { TOWERPIPE_CUDA_CHECK(cudaEventRecord(event_, stream.get())); }
-  // Work enqueued on `stream` after this waits for the event (across devices too).
-  void make_wait(const cuda_stream& stream) const { TOWERPIPE_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), event_, 0)); }
   void synchronize() const { TOWERPIPE_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
  private:

@@ -88,7 +88,6 @@ class device_towers {
 
   const Executor& executor() const { return exec_; }
   const tracer& trace() const { return tracer_; }
-  std::int64_t current_step() const { return current_step_; }  // the step run() last started
 
   // Records [start, end), timing events of tower t's device, on the row named by row_parts, while tracing.
   template <class... RowParts>
