@@ -4,6 +4,7 @@
 // Why: docs/design-notes.md#reduce-common-device_state
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -58,10 +59,7 @@ class device_optimizer_state {
         master_table_(exec, gather_pointers<T>(std::vector<device_buffer*>{&master_}), static_cast<int>(master_.variables().count()),
                       device) {
     const int slots = Optim::state_slots(h);
-    for (int s = 0; s < slots; ++s) {
-      slots_.emplace_back(variables, exec.device_memory(device));
-      host_mirrors_.emplace_back(variables);
-    }
+    for (int s = 0; s < slots; ++s) slots_.emplace_back(variables, exec.device_memory(device));
     std::vector<device_buffer*> roles;
     for (device_buffer& slot : slots_) roles.push_back(&slot);
     table_ = std::make_unique<typename Executor::template pointer_table<T>>(exec, gather_pointers<T>(roles),
@@ -94,7 +92,9 @@ class device_optimizer_state {
   tensor_view<const T> state(std::size_t slot, std::size_t index) const {
     exec_.synchronize_device(device_);
     const typename Executor::device_guard on(exec_, device_);
-    const tensor_view<T> target = host_mirrors_[slot].view(index);  // a slot's own: views of two slots coexist
+    // The slot's own copy, made when first read (views of two slots coexist; nothing is held for programs
+    // that never read the state).
+    const tensor_view<T> target = host_mirrors_.try_emplace(slot, slots_[slot].variables()).first->second.view(index);
     exec_.copy_to_host_now(target.data(), slots_[slot].data(index), target.size() * sizeof(T));
     return target;
   }
@@ -117,7 +117,7 @@ class device_optimizer_state {
   const Executor& exec_;
   int device_;
   std::vector<device_buffer> slots_;
-  std::vector<typename Layout::template buffer<host_memory, T>> host_mirrors_;  // per slot
+  mutable std::map<std::size_t, typename Layout::template buffer<host_memory, T>> host_mirrors_;  // per slot read
   std::unique_ptr<typename Executor::template pointer_table<T>> table_;
   device_buffer master_;
   typename Layout::template buffer<host_memory, T> master_mirror_;

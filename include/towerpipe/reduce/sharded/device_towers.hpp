@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -42,9 +43,9 @@ class sharded_device_reducer {
       : exec_(setup.towers.executor()),
         towers_(setup.towers),
         slots_(Optim::state_slots(setup.hyper)),
+        variables_(setup.variables),
         master_mirror_(variables_if(mixed, setup.variables)) {
     towers_type& towers = setup.towers;
-    for (int s = 0; s < slots_; ++s) host_mirrors_.emplace_back(setup.variables);
     const std::size_t n = towers.towers();
     check_device_tower_count("reduce::sharded", n);
     const std::vector<tensor_chunk> table = make_chunk_table(setup.variables, Policy::chunk_elements);
@@ -137,7 +138,9 @@ class sharded_device_reducer {
   std::size_t state_slots() const { return static_cast<std::size_t>(slots_); }
   // Between steps: the slot's values of one variable, gathered from the owners that hold parts of it.
   tensor_view<const master_type> state(std::size_t slot, std::size_t index) {
-    const tensor_view<master_type> target = host_mirrors_[slot].view(index);  // a slot's own: views of two slots coexist
+    // The slot's own copy, made when first read (views of two slots coexist; nothing is held for programs
+    // that never read the state).
+    const tensor_view<master_type> target = host_mirrors_.try_emplace(slot, variables_).first->second.view(index);
     for (const auto& o : owners_) o->state_to_host(slot, index, target.data());
     return target;
   }
@@ -239,8 +242,9 @@ class sharded_device_reducer {
   const Executor& exec_;
   towers_type& towers_;
   int slots_;
-  std::vector<typename Layout::template buffer<host_memory, master_type>> host_mirrors_;  // per state slot
-  typename Layout::template buffer<host_memory, master_type> master_mirror_;               // mixed precision
+  const variable_set& variables_;
+  std::map<std::size_t, typename Layout::template buffer<host_memory, master_type>> host_mirrors_;  // per state slot read
+  typename Layout::template buffer<host_memory, master_type> master_mirror_;  // mixed precision
   std::vector<std::unique_ptr<owner>> owners_;  // one per tower with a non-empty slice
   bool reaches_every_tower_ = true;             // no owner copies a tower's slice (buckets_during_towers)
   step_work<master_type, Optim> work_;
