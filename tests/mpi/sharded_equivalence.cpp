@@ -25,6 +25,10 @@
 //                stopped ranks, comma-separated. Every other rank must fail that step within 1.5
 //                deadlines (3 s here) of its start, naming exactly the stopped ranks as those nothing
 //                came from, and prints "rank R: fault: reported ..." (tests/mpi/expect_fault.cmake).
+//   short        2 processes; rank 1 sends rank 0 one byte of an exchange where rank 0 expects two (the
+//                ranks are not making the same call): rank 0 fails naming rank 1 and both sizes, and its
+//                group is broken; rank 1's next call fails naming rank 0 as the one that gave up first;
+//                both print "rank R: short: all checks passed" (tests/mpi/expect_every_rank.cmake).
 //
 // The GPU build (sharded_equivalence_gpu.cu, TOWERPIPE_TEST_GPU_TOWERS) runs the sharded pipeline's towers
 // on GPUs (reduce/sharded/device_towers_across_processes.hpp) against the same host reference: mode "equal" exchanges
@@ -186,6 +190,44 @@ extern "C" void __gcov_dump(void);  // libgcov's
   std::abort();  // MPI_Abort does not return
 }
 
+// Mode "short": see the top. Ends the job as a program ends once its group is broken.
+void short_message(const std::shared_ptr<mpi_process_group>& group) {
+  check(processes == 2, "short: 2 processes");
+  const auto start = std::chrono::steady_clock::now();
+  const char bytes[2] = {1, 2};
+  char out[4] = {};
+  const auto error_of = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  // Each rank sends itself 2 bytes and the other rank 2, except that rank 1 sends rank 0 only 1.
+  const std::vector<std::size_t> send_bytes{rank == 1 ? 1u : 2u, 2};
+  const std::string exchanged =
+      error_of([&] { group->all_to_all(bytes, {0, 0}, send_bytes, out, {0, 2}, {2, 2}, "exchanging"); });
+  const std::string after = error_of([&] { group->all_gather(bytes, 2, "gathering after"); });
+  if (rank == 0) {
+    check(exchanged.find("rank 0: exchanging: rank 1 sent 1 bytes, 2 expected (the ranks are not making the same call)") !=
+              std::string::npos,
+          "short: rank 0's exchange: " + exchanged);
+    check(after.find("rank 0: gathering after: the process group failed earlier (rank 0: exchanging: rank 1 sent 1") !=
+              std::string::npos,
+          "short: rank 0's next call: " + after);
+  } else {
+    check(exchanged == "no error", "short: rank 1's exchange: " + exchanged);
+    check(after.find("rank 1 of 2: gathering after stopped: rank 0 gave up first (rank 0: exchanging: rank 1 sent 1") !=
+              std::string::npos,
+          "short: rank 1's next call: " + after);
+  }
+  std::printf("rank %d: short: %s\n", rank, failures == 0 ? "all checks passed" : "FAILED");
+  std::fflush(stdout);
+  std::this_thread::sleep_until(start + 2 * group->deadline());  // the other rank has printed by then
+  end_job(failures == 0 ? 3 : 4);
+}
+
 // Mode "fault": see the top.
 void fault(const std::shared_ptr<mpi_process_group>& group, const std::string& when, const std::vector<int>& stopped) {
   check(when == "before" || when == "after", "fault: 'before' or 'after', not '" + when + "'");
@@ -265,7 +307,7 @@ int main(int argc, char** argv) {
 #endif
   try {
     const auto mpi_group =
-        std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" || mode == "fault" ? 3 : 60));
+        std::make_shared<mpi_process_group>(MPI_COMM_WORLD, std::chrono::seconds(mode == "stalled" || mode == "fault" || mode == "short" ? 3 : 60));
     std::shared_ptr<process_group> group = mpi_group;
     if (mode == "stalled" && rank == processes - 1) {
       std::this_thread::sleep_for(std::chrono::seconds(40));
@@ -298,6 +340,8 @@ int main(int argc, char** argv) {
       disagree(group);
     } else if (mode == "fault") {
       fault(mpi_group, argc > 2 ? argv[2] : "", rank_list(argc > 3 ? argv[3] : std::to_string(processes - 1)));
+    } else if (mode == "short") {
+      short_message(mpi_group);
     } else if (mode == "stalled") {
       pipeline_options options;
       options.on_nonfinite = nonfinite_policy::unchecked;

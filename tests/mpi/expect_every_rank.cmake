@@ -1,0 +1,20 @@
+# Runs COMMAND (an mpirun line of a sharded_equivalence mode that ends the job with MPI_Abort, as a program
+# ends once its process group is broken) and checks that every rank in RANKS (given as 0,1) printed
+# "rank R: MODE: all checks passed", that none printed FAILED, and that the job ended rather than hung.
+string(TIMESTAMP start "%s")
+execute_process(COMMAND ${COMMAND} RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors TIMEOUT 45)
+string(TIMESTAMP end "%s")
+math(EXPR seconds "${end} - ${start}")
+message(STATUS "exit ${status} after ${seconds} s:\n${output}\n${errors}")
+if(seconds GREATER 30)
+  message(FATAL_ERROR "expected the job to end within 30 s")
+endif()
+if(output MATCHES "FAILED")
+  message(FATAL_ERROR "a rank's check failed (above)")
+endif()
+string(REPLACE "," ";" ranks "${RANKS}")
+foreach(rank IN LISTS ranks)
+  if(NOT output MATCHES "rank ${rank}: ${MODE}: all checks passed")
+    message(FATAL_ERROR "rank ${rank} did not pass its checks")
+  endif()
+endforeach()
