@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,7 @@ class step_parts final : public tower_ready_listener {
     bucket_span_ = work.checked ? "bucket: average + screen" : "bucket: average + apply";
     readiness_.reset();
     reduced_.assign(plan_.count(), 0);
-    marks_left_.store(marks_per_step_);
+    marks_left_ = marks_per_step_;
     during_towers_ = work.parts_during_towers;
     seconds_during_towers_ = 0;
     reducer_.begin_step(towers_, work);
@@ -65,11 +66,11 @@ class step_parts final : public tower_ready_listener {
 
   void gradient_ready(std::size_t tower, std::size_t variable) override {
     if (!one_bucket_note_.empty() && !one_bucket_noted_.exchange(true)) log_note(one_bucket_note_);  // said once, at the first mark
-    const bool marks_to_come = marks_left_.fetch_sub(1) > 1;
     const std::size_t bucket = readiness_.mark_for_tower(tower, variable);
-    if (bucket == no_bucket) return;
-    if (during_towers_) towers_.record_bucket_done(tower, bucket);
-    if (!readiness_.tower_completed(bucket) || !during_towers_) return;
+    if (bucket != no_bucket && during_towers_) towers_.record_bucket_done(tower, bucket);
+    const mark_count counted = count_mark(bucket);
+    if (!counted.completed || !during_towers_) return;
+    const bool marks_to_come = counted.marks_to_come;
     worker_.post([this, bucket, marks_to_come] {
       const auto start = tracer::clock::now();
       reducer_.reduce_part(towers_, step_part{plan_.buckets[bucket], bucket});
@@ -83,11 +84,9 @@ class step_parts final : public tower_ready_listener {
   void tower_returned(std::size_t tower, const std::vector<char>& ready) override {
     for (std::size_t v = 0; v < ready.size(); ++v) {
       if (ready[v]) continue;
-      marks_left_.fetch_sub(1);
       const std::size_t bucket = readiness_.mark_for_tower(tower, v);
-      if (bucket == no_bucket) continue;
-      if (during_towers_) towers_.record_bucket_done(tower, bucket);
-      readiness_.tower_completed(bucket);
+      if (bucket != no_bucket && during_towers_) towers_.record_bucket_done(tower, bucket);
+      count_mark(bucket);
     }
   }
 
@@ -143,6 +142,19 @@ class step_parts final : public tower_ready_listener {
   }
 
  private:
+  // Counts one mark (the last of `bucket` on its tower, or no_bucket): whether it completed that bucket
+  // for every tower, and whether marks were still to come then. One lock for both: of two towers' last
+  // marks, the one that completes the bucket sees the other counted, so the bucket that the step's last
+  // mark completes is never reported as reduced during the towers.
+  struct mark_count {
+    bool completed, marks_to_come;
+  };
+  mark_count count_mark(std::size_t bucket) {
+    const std::lock_guard<std::mutex> lock(marks_mutex_);
+    const bool marks_to_come = --marks_left_ > 0;
+    return {bucket != no_bucket && readiness_.tower_completed(bucket), marks_to_come};
+  }
+
   bucket_plan plan_;
   bucket_readiness readiness_;  // refers to plan_
   std::size_t marks_per_step_;  // towers x variables
@@ -156,7 +168,8 @@ class step_parts final : public tower_ready_listener {
   step_clock::time_point towers_ended_;
   static constexpr char reduced = 1, hidden = 2;  // reduced_: by the worker; and while marks were to come
   std::vector<char> reduced_;        // [bucket]: reduced, hidden or 0 this step (written by the worker, read after a drain)
-  std::atomic<std::size_t> marks_left_{0};  // this step's marks still to come, over every tower
+  std::mutex marks_mutex_;
+  std::size_t marks_left_ = 0;       // this step's marks still to come, over every tower (under marks_mutex_)
   std::vector<std::size_t> rest_;    // the variables after_towers reduces
   std::string one_bucket_note_;      // a model of one bucket (more than one variable): what its first mark logs
   std::atomic<bool> one_bucket_noted_{false};
