@@ -13,6 +13,7 @@
 #include "towerpipe/core/host_memory.hpp"
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/exec/device_towers.hpp"
 #include "towerpipe/layout/precision.hpp"
 #include "towerpipe/kernels/agents.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
@@ -50,33 +51,36 @@ class device_optimizer_state {
   using T = typename precision<Layout>::master_type;
   static constexpr bool mixed = precision<Layout>::mixed;
   using device_buffer = typename Layout::template buffer<device_memory_of<Executor>, T>;
+  using towers_type = device_towers<Layout, Executor>;
 
-  device_optimizer_state(const Executor& exec, const variable_set& variables, const typename Optim::hyper_parameters& h, int device)
-      : exec_(exec),
-        device_(device),
-        master_(variables_if(mixed, variables), exec.device_memory(device)),
+  device_optimizer_state(const variable_set& variables, const typename Optim::hyper_parameters& h, towers_type& towers)
+      : exec_(towers.executor()),
+        towers_(towers),
+        device_(towers.device(0)),
+        master_(variables_if(mixed, variables), exec_.device_memory(device_)),
         master_mirror_(variables_if(mixed, variables)),
-        master_table_(exec, gather_pointers<T>(std::vector<device_buffer*>{&master_}), static_cast<int>(master_.variables().count()),
-                      device) {
+        master_table_(exec_, gather_pointers<T>(std::vector<device_buffer*>{&master_}),
+                      static_cast<int>(master_.variables().count()), device_) {
     const int slots = Optim::state_slots(h);
-    for (int s = 0; s < slots; ++s) slots_.emplace_back(variables, exec.device_memory(device));
+    for (int s = 0; s < slots; ++s) slots_.emplace_back(variables, exec_.device_memory(device_));
     std::vector<device_buffer*> roles;
     for (device_buffer& slot : slots_) roles.push_back(&slot);
-    table_ = std::make_unique<typename Executor::template pointer_table<T>>(exec, gather_pointers<T>(roles),
-                                                                            static_cast<int>(variables.count()), device);
+    table_ = std::make_unique<typename Executor::template pointer_table<T>>(exec_, gather_pointers<T>(roles),
+                                                                            static_cast<int>(variables.count()), device_);
   }
 
   std::size_t state_slots() const { return slots_.size(); }
-  // Mixed precision: the master follows the towers' parameters (between steps).
-  void set_master_on_device(std::size_t index, const T* values) {
+  // Mixed precision: the master follows the towers' parameters (between steps); else it is tower 0's replica.
+  void set_master(std::size_t index, const T* values) {
     if constexpr (mixed) {
       exec_.synchronize_device(device_);
       const typename Executor::device_guard on(exec_, device_);
       exec_.copy_to_device_now(master_.data(index), values, master_.view(index).size() * sizeof(T));
     }
   }
-  // Mixed precision: the master, copied to the host (between steps).
-  tensor_view<const T> master_on_host(std::size_t index) const {
+  // The master, copied to the host (between steps).
+  tensor_view<const T> master(std::size_t index) {
+    if constexpr (!mixed) return towers_.parameter_on_host(index);
     exec_.synchronize_device(device_);
     const typename Executor::device_guard on(exec_, device_);
     const tensor_view<T> target = master_mirror_.view(index);
@@ -99,8 +103,8 @@ class device_optimizer_state {
     return target;
   }
   // Bytes of the state on the device: tower 0's.
-  std::vector<std::size_t> state_bytes_per_tower(std::size_t towers) const {
-    std::vector<std::size_t> bytes(towers, 0);
+  std::vector<std::size_t> state_bytes_per_tower() const {
+    std::vector<std::size_t> bytes(towers_.towers(), 0);
     for (const device_buffer& slot : slots_)
       for (std::size_t v = 0; v < slot.variables().count(); ++v) bytes[0] += slot.view(v).size() * sizeof(T);
     return bytes;
@@ -115,6 +119,7 @@ class device_optimizer_state {
 
  private:
   const Executor& exec_;
+  towers_type& towers_;
   int device_;
   std::vector<device_buffer> slots_;
   mutable std::map<std::size_t, typename Layout::template buffer<host_memory, T>> host_mirrors_;  // per slot read
@@ -137,19 +142,11 @@ void launch_fused_apply_for(const Table& chunks, const Stream& stream, int tower
 
 // Calls body(integral_constant<int, towers>) for 1..8 towers, else body(integral_constant<int, 0>) (the
 // count read at run time): kernels unrolled over the towers where the count is small.
-template <class Body>
+template <int Towers = 8, class Body>
 void with_tower_count(int towers, Body&& body) {
-  switch (towers) {
-    case 1: return body(std::integral_constant<int, 1>{});
-    case 2: return body(std::integral_constant<int, 2>{});
-    case 3: return body(std::integral_constant<int, 3>{});
-    case 4: return body(std::integral_constant<int, 4>{});
-    case 5: return body(std::integral_constant<int, 5>{});
-    case 6: return body(std::integral_constant<int, 6>{});
-    case 7: return body(std::integral_constant<int, 7>{});
-    case 8: return body(std::integral_constant<int, 8>{});
-    default: return body(std::integral_constant<int, 0>{});
-  }
+  if constexpr (Towers == 0) body(std::integral_constant<int, 0>{});
+  else if (towers == Towers) body(std::integral_constant<int, Towers>{});
+  else with_tower_count<Towers - 1>(towers, body);
 }
 
 // launch_fused_apply_for with the tower count fixed where it is small.

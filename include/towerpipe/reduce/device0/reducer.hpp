@@ -89,21 +89,12 @@ class device0_reducer : public device_optimizer_state<Optim, Layout, Executor> {
     exec_.synchronize(end_);
   }
 
-  // The master copy is tower 0's replica, except with mixed precision (device_optimizer_state).
-  tensor_view<const master_type> master(std::size_t index) {
-    if constexpr (mixed) return this->master_on_host(index);
-    else return towers_.parameter_on_host(index);
-  }
-  void set_master(std::size_t index, const master_type* values) { this->set_master_on_device(index, values); }
-  std::vector<std::size_t> state_bytes_per_tower() const { return base::state_bytes_per_tower(towers_.towers()); }
-
  private:
   using base = device_optimizer_state<Optim, Layout, Executor>;
 
   device0_reducer(const reducer_setup<towers_type, Optim>& setup, const Executor& exec)
-      : base(exec, setup.variables, setup.hyper, setup.towers.device(0)),
+      : base(setup.variables, setup.hyper, setup.towers),
         exec_(exec),
-        towers_(setup.towers),
         root_(setup.towers.device(0)),
         stream_(exec, root_, "device0 root"),
         start_(exec, root_, true),
@@ -155,7 +146,6 @@ class device0_reducer : public device_optimizer_state<Optim, Layout, Executor> {
   }
 
   const Executor& exec_;
-  towers_type& towers_;
   int root_;
   typename Executor::stream stream_;
   typename Executor::event start_, end_;  // timing: stages.reduce

@@ -107,6 +107,7 @@ class p2p_tree_nodes {
     const std::size_t count = variables.count();
     // The root's apply writes these replicas in the same pass: one pass instead of one plus a pull each.
     root_replica_count = wiring.root_replicas();
+    shape = canonical_tree_rounds<master_type>(static_cast<int>(n), std::vector<master_type>(n, master_type(1)));
     const std::vector<tensor_chunk> chunk_list = make_chunk_table(variables, Policy::chunk_elements);
     const auto aligned_table = [&](const auto& pointers, int device, const char* what) {
       using element = std::remove_pointer_t<typename std::decay_t<decltype(pointers)>::value_type>;
@@ -126,10 +127,10 @@ class p2p_tree_nodes {
         partials[t] = &towers.gradients(t);
       }
     }
-    const std::size_t rounds = canonical_tree_rounds<master_type>(static_cast<int>(n), std::vector<master_type>(n, master_type(1))).size();
     for (std::size_t t = 0; t < n; ++t) {
       const int device = towers.device(t);
-      nodes.push_back(std::make_unique<node>(exec, variables, device, Policy::chunk_elements, towers.trace().on() ? rounds : 0));
+      nodes.push_back(std::make_unique<node>(exec, variables, device, Policy::chunk_elements,
+                                             towers.trace().on() ? shape.size() : 0));
       node& own = *nodes.back();
       if (wiring.needs_scratch[t]) {
         // Full precision: one scratch serves a child's raw gradient and a child's partial sum alike.
@@ -162,6 +163,7 @@ class p2p_tree_nodes {
     }
 
   tree_wiring wiring;  // which buffers each edge and pull uses in place, which through copies
+  std::vector<std::vector<tree_edge<master_type>>> shape;  // the tree's rounds (their edges; the weights do not matter)
   std::vector<std::unique_ptr<node>> nodes;
   std::unique_ptr<typename Executor::template pointer_table<stored_type>> root_targets;  // role 0: tower 0's replica, then those towers'
   int root_replica_count = 1;

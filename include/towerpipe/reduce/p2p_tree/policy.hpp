@@ -21,8 +21,7 @@ struct p2p_tree_with {
   using policy_kind = detail::reduce_policy_kind;
   using launch_policy = LaunchPolicy;
   static constexpr const char* name = "p2p_tree";
-  // 12 bytes per non-root edge (two reads, one write), 32 + 4R for the root (R replicas besides tower 0's),
-  // 8 per pull: 20N - 4R in all, Adam, full precision; one tower is device0's pass.
+  // 20N - 4R, as the top of reduce/p2p_tree/reducer.hpp counts it (Adam, full precision); one tower is device0's pass.
   static double one_device_bytes(std::size_t towers, std::size_t element_bytes) {
     if (towers < 2) return detail::fused_pass_bytes(towers, element_bytes);
     std::size_t replicas = 0;

@@ -38,9 +38,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <map>
-#include <memory>
-#include <type_traits>
 #include <vector>
 
 #include "towerpipe/core/log.hpp"
@@ -68,8 +65,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   using stored_type = typename precision<Layout>::stored_type;  // the towers' gradients and replicas
   using master_type = typename precision<Layout>::master_type;           // partial sums, master, state, average
   static constexpr bool mixed = precision<Layout>::mixed;
-  using device_buffer = typename towers_type::device_buffer;
-  using partial_buffer = typename Layout::template buffer<device_memory_of<Executor>, master_type>;  // device_buffer in full precision
   using stream = typename Executor::stream;
   using event = typename Executor::event;
   static constexpr reducer_capabilities capabilities{};
@@ -161,20 +156,12 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
       launch_fused_apply_for<Policy, 1>(tree_.nodes[0]->chunks, root, 1, average_.table.const_view(), std::vector<master_type>{scale}, apply_for());
       exec_.record(root_end_, root);
     }
-    broadcast(tree_shape(), {every_chunk});
+    broadcast(tree_.shape, {every_chunk});
     finish_step(towers, false, stages);
     if (towers.trace().on()) record_device_spans(towers);
   }
   // After a failed step: the parts enqueued on the side streams done, and the towers' next work after them.
   void abandon(towers_type& towers) { order_towers_after_sides(towers); }
-
-  // The master copy is tower 0's replica, except with mixed precision (device_optimizer_state).
-  tensor_view<const master_type> master(std::size_t index) {
-    if constexpr (mixed) return this->master_on_host(index);
-    else return towers_.parameter_on_host(index);
-  }
-  void set_master(std::size_t index, const master_type* values) { this->set_master_on_device(index, values); }
-  std::vector<std::size_t> state_bytes_per_tower() const { return base::state_bytes_per_tower(towers_.towers()); }
 
  private:
   using base = device_optimizer_state<Optim, Layout, Executor>;
@@ -182,9 +169,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   using rounds_type = std::vector<std::vector<tree_edge<master_type>>>;
 
   p2p_tree_reducer(const reducer_setup<towers_type, Optim>& setup, const Executor& exec)
-      : base(exec, setup.variables, setup.hyper, setup.towers.device(0)),
+      : base(setup.variables, setup.hyper, setup.towers),
         exec_(exec),
-        towers_(setup.towers),
         tree_(exec, setup.variables, setup.towers, setup.options.poison_gradients),
         timing_stream_(exec, setup.towers.device(0), "p2p_tree timing"),
         tree_start_(exec, setup.towers.device(0), true),
@@ -193,12 +179,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
         average_(exec, setup.variables, setup.towers.device(0)),
         chunk_runs_(make_chunk_table(setup.variables, Policy::chunk_elements), setup.variables.count()),
         tile_runs_(average_.screen.tiles(), setup.variables.count()) {}
-
-  // The tree's rounds (their edges; the weights do not matter).
-  rounds_type tree_shape() const {
-    const std::size_t n = tree_.nodes.empty() ? towers_.towers() : tree_.nodes.size();
-    return canonical_tree_rounds<master_type>(static_cast<int>(n), std::vector<master_type>(n, master_type(1)));
-  }
 
   // A part's work on the side streams, up to the root's edge: every side stream waits for its tower's
   // gradients of the part (the bucket's event, or all of them after the towers), then every round but
@@ -333,7 +313,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   // the new parameters on the rows of the towers whose streams ran them.
   void record_device_spans(towers_type& towers) const {
     towers.device_span(0, root_start_, root_end_, "p2p_tree root: last edge + apply", "reduce (GPU)");
-    const rounds_type rounds = tree_shape();
+    const rounds_type& rounds = tree_.shape;
     for (std::size_t r = 0; r + 1 < rounds.size(); ++r) {
       for (const tree_edge<master_type>& edge : rounds[r]) {
         const std::size_t left = static_cast<std::size_t>(edge.left);
@@ -349,7 +329,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   }
 
   const Executor& exec_;
-  towers_type& towers_;
   p2p_tree_nodes<Layout, Executor, Policy> tree_;  // a node per tower: its stream, tables and copies
   stream timing_stream_;  // on tower 0's device: marks when the last tower's gradients were ready
   event tree_start_, root_start_, root_end_;
