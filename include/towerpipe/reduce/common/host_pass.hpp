@@ -2,7 +2,6 @@
 // The host's fused pass, shared by the reducers that average and apply on the CPU: reduce::host for host
 // towers (reduce/host/host_towers.hpp) and for device towers (reduce/host/device_towers.hpp), and the
 // block programs reduce::sharded's host form uses (reduce/sharded/host_towers.hpp).
-// Every element's result depends only on its own inputs, never on which thread took the chunk.
 // Why: docs/design-notes.md#reduce-common-host_pass
 
 #include <algorithm>
@@ -44,8 +43,7 @@ void with_slot_count(int active, Body&& body) {
   }
 }
 
-// The optimizer over one block of `count` elements on the host (slot count a compile-time constant and the constants
-// copied into a local, both so that the loop vectorises). Shared by reduce::host and reduce::sharded.
+// The optimizer over one block of `count` elements on the host, vectorised (why: docs/design-notes.md#reduce-common-host_pass).
 template <class Optim, class T>
 void update_host_block(int active, T* p, T* const* slots, const T* g, std::size_t count,
                        const typename Optim::template step_constants<T>& constants) {
@@ -173,8 +171,8 @@ class host_optimizer_pass {
     tile_count_ = tiles;
   }
 
-  // The chunks of the table that `variables` cover (a bucket's, or several buckets').
-  std::vector<std::size_t> chunks_of(const std::vector<std::size_t>& variables) const { return by_variable_.list(variables); }
+  // Where the variables of a part (a bucket's, or several buckets') lie in chunks().
+  const chunks_by_variable& by_variable() const { return by_variable_; }
   static std::vector<std::size_t> chunk_range(std::size_t first, std::size_t last) {
     std::vector<std::size_t> list(last - first);
     for (std::size_t c = first; c < last; ++c) list[c - first] = c;
@@ -211,9 +209,15 @@ class host_optimizer_pass {
       for (std::size_t t = 0; t < sources.size(); ++t) sources[t] = gradients[t]->data(v);
       for (std::size_t begin = work.first; begin < work.first + work.count; begin += host_reduce_policy::block_elements) {
         const std::size_t count = std::min(host_reduce_policy::block_elements, work.first + work.count - begin);
-        apply_block(parameters.data(v) + begin, v, begin, count, sources, weights, constants);
+        master_type scratch[32][host_reduce_policy::block_elements];
+        canonical_block_sum(static_cast<int>(sources.size()), count, scratch, [&](int tower, master_type* out) {
+          weigh_block(weights[static_cast<std::size_t>(tower)], sources[static_cast<std::size_t>(tower)] + begin, count, out);
+        });
+        master_type* const p = parameters.data(v) + begin;
+        master_type* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
+        for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data(v) + begin;
+        update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, scratch[0], count, constants);
         if (replica != nullptr) {
-          const master_type* p = parameters.data(v) + begin;
           auto* r = replica->data(v) + begin;
           for (std::size_t k = 0; k < count; ++k) r[k] = narrow<stored_type>(p[k]);
         }
@@ -273,21 +277,6 @@ class host_optimizer_pass {
       if (bad != 0) first = std::min(first, first_nonfinite_in<master_type>(o, count, tile.variable, at, nonfinite_sum_tower));
     }
     return {tile_sum_of_squares(out + tile.first, tile.count), first};
-  }
-
-  void apply_block(master_type* p, std::size_t variable, std::size_t first, std::size_t count,
-                   const std::vector<const master_type*>& gradients, const std::vector<master_type>& weights,
-                   const constants_type& constants) {
-    master_type scratch[32][host_reduce_policy::block_elements];
-    canonical_block_sum(static_cast<int>(gradients.size()), count, scratch, [&](int tower, master_type* out) {
-      const master_type* g = gradients[static_cast<std::size_t>(tower)] + first;
-      const master_type w = weights[static_cast<std::size_t>(tower)];
-      for (std::size_t k = 0; k < count; ++k) out[k] = rounded_mul(w, g[k]);
-    });
-
-    master_type* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
-    for (std::size_t s = 0; s < state_.size(); ++s) slots[s] = state_[s].data(variable) + first;
-    update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, scratch[0], count, constants);
   }
 
   std::vector<tensor_chunk> chunks_;

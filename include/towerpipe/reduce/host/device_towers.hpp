@@ -3,8 +3,7 @@
 // come down, the CPU runs host towers' fused pass and parameters go up, in transfer groups that overlap both ways.
 // Why: docs/design-notes.md#reduce-host-device_towers
 
-// Written once against an executor (docs/architecture.md, "The executor"); the host pass declares what it reads and writes
-// of the pinned buffers, so that the simulation checks it against the copies.
+// Written once against an executor (docs/architecture.md, "The executor"); the host pass declares its pinned reads and writes.
 
 #include <cstddef>
 #include <memory>
@@ -49,8 +48,7 @@ class host_reducer_for_devices {
         pass_(setup.variables, setup.hyper),
         master_(setup.variables, master_memory()),
         rounded_(variables_if(mixed, setup.variables), exec_.pinned_memory()),
-        groups_(group_chunks(pass_.chunks(), Policy::group_elements)),
-        by_variable_(pass_.chunks(), setup.variables.count()) {
+        groups_(group_chunks(pass_.chunks(), Policy::group_elements)) {
     for (std::size_t t = 0; t < setup.towers.towers(); ++t) {
       links_.push_back(std::make_unique<link>(exec_, setup.variables, setup.towers.device(t), groups_.size()));
       std::size_t leader = 0;
@@ -77,9 +75,13 @@ class host_reducer_for_devices {
     thread_pool& runner = part.during_towers() ? bucket_pool_ : towers.pool();
     const std::vector<chunk_group> groups = transfer_groups(part.variables);
     download_gradients(towers, groups, part.bucket);
-    const std::vector<const pinned_buffer*> gradients = tower_gradients();
+    std::vector<const pinned_buffer*> gradients;
+    for (const auto& own : links_) gradients.push_back(&own->gradients);
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      wait_for_group(g, groups[g]);
+      for (const auto& own : links_) {
+        exec_.synchronize(own->down_done[g]);
+        declare_group(own->gradients, groups[g], false);
+      }
       const std::vector<std::size_t> chunks = pass_.chunk_range(groups[g].first, groups[g].last);
       if (work_.checked) {
         pass_.screen(runner, chunks, gradients, work_.weights, work_.window, partials_);
@@ -107,8 +109,8 @@ class host_reducer_for_devices {
     for (const chunk_group& group : groups_) {
       const std::vector<std::size_t> chunks = pass_.chunk_range(group.first, group.last);
       declare_group(uploaded(), group, true);
-      if constexpr (mixed) pass_.run(towers.pool(), chunks, average, master_, std::vector<master_type>{scale}, work_.constants, &rounded_);
-      else pass_.run(towers.pool(), chunks, average, master_, std::vector<master_type>{scale}, work_.constants);
+      pass_.run(towers.pool(), chunks, average, master_, std::vector<master_type>{scale}, work_.constants,
+                mixed ? &rounded_ : nullptr);
       upload_group(towers, group);
     }
     finish_uploads(towers, stages);
@@ -146,7 +148,7 @@ class host_reducer_for_devices {
   // A part's transfer groups: its runs of chunks, cut at about group_elements.
   std::vector<chunk_group> transfer_groups(const std::vector<std::size_t>& variables) const {
     std::vector<chunk_group> groups;
-    for (const chunk_group& run : by_variable_.runs(variables)) {
+    for (const chunk_group& run : pass_.by_variable().runs(variables)) {
       const std::vector<chunk_group> cut = group_chunks(pass_.chunks(), Policy::group_elements, run);
       groups.insert(groups.end(), cut.begin(), cut.end());
     }
@@ -169,17 +171,6 @@ class host_reducer_for_devices {
         copy_group(own.gradients, towers.gradients(t), groups[g], own.down);
         exec_.record(own.down_done[g], own.down);
       }
-    }
-  }
-  std::vector<const pinned_buffer*> tower_gradients() const {
-    std::vector<const pinned_buffer*> gradients;
-    for (const auto& own : links_) gradients.push_back(&own->gradients);
-    return gradients;
-  }
-  void wait_for_group(std::size_t g, const chunk_group& group) const {
-    for (const auto& own : links_) {
-      exec_.synchronize(own->down_done[g]);
-      declare_group(own->gradients, group, false);
     }
   }
   // Group g of the new parameters (the master, or with mixed precision its rounded copy) up into each
@@ -269,7 +260,6 @@ class host_reducer_for_devices {
   master_buffer master_;
   pinned_buffer rounded_;  // mixed precision: the new parameters rounded, for the uploads (else empty)
   std::vector<chunk_group> groups_;  // the whole step's transfer groups
-  chunks_by_variable by_variable_;   // a part's chunks
   std::vector<std::unique_ptr<link>> links_;
   std::vector<std::size_t> upload_leader_;  // per tower: the first tower on its device, which uploads for it
   step_work<master_type, Optim> work_;

@@ -1,11 +1,8 @@
 #pragma once
 // reduce::host — the parameter server on the CPU, done well: one pass over memory that averages the
 // towers' gradients in the canonical order, applies the optimizer and writes the parameters, spread
-// over the thread pool.
-//
-// The pass itself (reduce/common/host_pass.hpp) is the host form of a multi-tensor apply: every element's
-// result depends only on its own inputs, never on which thread took its chunk, so the parameters are
-// bitwise reproducible run to run.
+// over the thread pool. The pass itself: reduce/common/host_pass.hpp (bitwise reproducible run to run).
+// Why: docs/design-notes.md#reduce-common-host_pass
 
 #include <algorithm>
 #include <cstddef>
@@ -36,7 +33,6 @@ template <class Optim, class Layout>
 class host_reducer {
  public:
   using towers_type = host_towers<Layout>;
-  using stored_type = typename precision<Layout>::stored_type;
   using master_type = typename precision<Layout>::master_type;
   static constexpr bool mixed = precision<Layout>::mixed;
   using tower_buffer = typename Layout::template buffer<host_memory>;
@@ -47,8 +43,7 @@ class host_reducer {
       : towers_(setup.towers), pass_(setup.variables, setup.hyper), master_(variables_if(mixed, setup.variables)) {}
 
   backend_choice choice() const { return named_by_type("host"); }
-  // A bucket goes on the calling thread (the pool's threads run the towers then); what the towers left,
-  // on the pool.
+  // A bucket goes on the calling thread, what the towers left on the pool (run_part_on).
   bool buckets_during_towers() const { return true; }
 
   void begin_step(towers_type&, const step_work<master_type, Optim>& work) {
@@ -60,7 +55,7 @@ class host_reducer {
   void reduce_part(towers_type& towers, const step_part& part) {
     if (!part.during_towers()) rest_started_ = step_clock::now();
     run_part_on(towers.pool(), part, [&](auto& runner) {
-      const std::vector<std::size_t> chunks = pass_.chunks_of(part.variables);
+      const std::vector<std::size_t> chunks = pass_.by_variable().list(part.variables);
       if (work_.checked) {
         pass_.screen(runner, chunks, gradient_buffers(towers), work_.weights, work_.window, partials_);
       } else if constexpr (!mixed) {
