@@ -37,7 +37,14 @@ class background_worker {
   void post(std::function<void()> task) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!thread_.joinable()) start();
+      if (!thread_.joinable()) {
+        try {
+          thread_ = std::thread([this] { work(); });
+        } catch (const std::exception& e) {
+          fail("cannot start the thread that reduces gradient buckets during the towers' backward pass: ", e.what(),
+               "; pipeline_options::overlap_reduction = false reduces after the towers instead");
+        }
+      }
       tasks_.push_back(std::move(task));
     }
     wake_.notify_all();
@@ -55,15 +62,6 @@ class background_worker {
   }
 
  private:
-  void start() {  // under mutex_
-    try {
-      thread_ = std::thread([this] { work(); });
-    } catch (const std::exception& e) {
-      fail("cannot start the thread that reduces gradient buckets during the towers' backward pass: ", e.what(),
-           "; pipeline_options::overlap_reduction = false reduces after the towers instead");
-    }
-  }
-
   void work() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {

@@ -55,7 +55,7 @@ class thread_pool {
       ++generation_;
     }
     wake_workers_.notify_all();
-    take_tasks(fn, failures, tasks);
+    take_tasks();
     std::unique_lock<std::mutex> lock(mutex_);
     workers_done_.wait(lock, [this] { return busy_workers_ == 0; });
     job_ = nullptr;
@@ -72,37 +72,28 @@ class thread_pool {
     for (std::thread& worker : workers_) worker.join();
   }
 
-  void take_tasks(const std::function<void(std::size_t)>& fn, std::vector<std::exception_ptr>& failures,
-                  std::size_t tasks) {
-    for (std::size_t task = next_task_.fetch_add(1); task < tasks; task = next_task_.fetch_add(1)) {
+  // The job's members are read without the lock: run() sets them before waking the workers and changes
+  // them again only after every worker has left this job.
+  void take_tasks() {
+    for (std::size_t task = next_task_.fetch_add(1); task < tasks_; task = next_task_.fetch_add(1)) {
       try {
-        fn(task);
+        (*job_)(task);
       } catch (...) {
-        failures[task] = std::current_exception();
+        (*failures_)[task] = std::current_exception();
       }
     }
   }
 
   void work() {
-    std::size_t seen_generation = 0;
-    for (;;) {
-      const std::function<void(std::size_t)>* job;
-      std::vector<std::exception_ptr>* failures;
-      std::size_t tasks;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_workers_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
-        if (stopping_) return;
-        seen_generation = generation_;
-        job = job_;
-        failures = failures_;
-        tasks = tasks_;
-      }
-      take_tasks(*job, *failures, tasks);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        --busy_workers_;
-      }
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (std::size_t seen_generation = 0;;) {
+      wake_workers_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
+      if (stopping_) return;
+      seen_generation = generation_;
+      lock.unlock();
+      take_tasks();
+      lock.lock();
+      --busy_workers_;
       workers_done_.notify_one();
     }
   }
@@ -119,20 +110,10 @@ class thread_pool {
   std::atomic<std::size_t> next_task_{0};
 };
 
-// The thread_pool's run() on the calling thread alone: for work that must not take the pool's threads
-// (a bucket reduced while the towers run on them).
-struct calling_thread {
-  std::vector<std::exception_ptr> run(std::size_t tasks, const std::function<void(std::size_t)>& fn) const {
-    std::vector<std::exception_ptr> failures(tasks);
-    for (std::size_t task = 0; task < tasks; ++task) {
-      try {
-        fn(task);
-      } catch (...) {
-        failures[task] = std::current_exception();
-      }
-    }
-    return failures;
-  }
+// A thread_pool of the calling thread alone (it starts no thread): for work that must not take the
+// pool's threads (a bucket reduced while the towers run on them).
+struct calling_thread : thread_pool {
+  calling_thread() : thread_pool(1) {}
 };
 
 }  // namespace detail
