@@ -26,7 +26,6 @@ class tower_access {
       : devices_(std::move(devices)), peers_(std::move(peers)), direct_(direct) {}
 
   std::size_t towers() const { return devices_.size(); }
-  int device(std::size_t tower) const { return devices_[tower]; }
   // Whether a kernel on tower `reader`'s stream may use tower `tower`'s buffers in place.
   bool reaches(std::size_t reader, std::size_t tower) const {
     if (reader == tower) return true;
@@ -100,8 +99,7 @@ class tower_copies {
   copy_list<value_type> gradients_in_, replicas_out_;
 };
 
-// reduce::p2p_tree over the canonical tree's rounds: an edge (left, right) on left's stream adds right's operand into
-// left's partial sum, in place or from a scratch copy where left does not reach right; then replicas go down the tree.
+// reduce::p2p_tree over the canonical tree's rounds (docs/design-notes.md#wiring-copy_wiring has how edges read operands).
 struct tree_wiring {
   std::vector<int> parent;                   // per tower; -1 for the root
   std::vector<char> has_children;            // per tower: the left side of some edge, so it keeps a partial sum

@@ -34,25 +34,7 @@ struct exchange_buffers {
   std::vector<T*> gathered_flat;           // role 0: every variable, end to end, padded
 };
 
-// After the gather, on `device` (tower 0's): the new parameters into each tower `copies` copies, one
-// copy per variable from the gathered buffer (the towers it reaches get them from copy_agent over
-// copies.replicas()).
-// T: the gathered buffer's type, which is the replicas' (gathered_broadcast passes its narrowed copy).
-template <class T, class Towers, class CopyBuffer>
-copy_list<T> gathered_into_copied_replicas(Towers& towers, const tower_copies<CopyBuffer>& copies, const T* gathered, int device,
-                                           const variable_set& variables) {
-  const std::vector<std::size_t> starts = padded_flat_starts(variables);
-  copy_list<T> list;
-  for (std::size_t t = 0; t < copies.towers(); ++t) {
-    if (!copies.copied(t)) continue;
-    for (std::size_t v = 0; v < variables.count(); ++v)
-      list.push_back({towers.replica(t).data(v), towers.device(t), gathered + starts[v], device, variables[v].size});
-  }
-  return list;
-}
-
-// After the gather, on tower 0's device: the gathered parameters (T) into every local tower's replica (Stored) —
-// copy_agent for the towers it reaches, copies (from a narrowed copy with mixed precision) for the rest.
+// After the gather, on tower 0's device: the gathered parameters (T) into every local tower's replica (Stored).
 template <class Stored, class T, class Memory>
 class gathered_broadcast {
  public:
@@ -62,11 +44,12 @@ class gathered_broadcast {
   gathered_broadcast(Towers& towers, const tower_copies<CopyBuffer>& copies, const T* gathered, const variable_set& variables,
                      const Memory& memory)
       : targets_(copies.replicas()), target_count_(copies.reached()) {
+    const std::vector<std::size_t> starts = padded_flat_starts(variables);
     const Stored* source = nullptr;
     if constexpr (!mixed) {
       source = gathered;
     } else if (copies.reached() < static_cast<int>(copies.towers())) {
-      narrowed_ = memory.template allocate<Stored>(padded_flat_starts(variables).back(), 256);
+      narrowed_ = memory.template allocate<Stored>(starts.back(), 256);
       const std::vector<Stored*> whole = padded_flat_pointers(narrowed_.get(), variables);
       targets_.insert(targets_.end(), whole.begin(), whole.end());
       ++target_count_;
@@ -75,7 +58,11 @@ class gathered_broadcast {
     if (targets_.size() != static_cast<std::size_t>(target_count_) * variables.count())
       fail("gathered_broadcast: ", targets_.size(), " pointer-table entries for ", target_count_, " roles of ", variables.count(),
            " variables");
-    copies_ = gathered_into_copied_replicas(towers, copies, source, towers.device(0), variables);
+    for (std::size_t t = 0; t < copies.towers(); ++t) {  // one copy per variable into each copied tower's replica
+      if (!copies.copied(t)) continue;
+      for (std::size_t v = 0; v < variables.count(); ++v)
+        copies_.push_back({towers.replica(t).data(v), towers.device(t), source + starts[v], towers.device(0), variables[v].size});
+    }
   }
 
   // Pointer-table entries of the agent's targets, role after role.

@@ -4,7 +4,6 @@
 // Why: docs/design-notes.md#wiring-owner_wiring
 
 #include <cstddef>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -76,14 +75,13 @@ class slice_owner {
   std::vector<T*> state_pointers_, average_pointers_, master_pointers_;
 };
 
-// One owner in one process (tower `owner`'s device): every tower's buffers as its pass uses them (role = tower), in
-// place where it reaches them, else compact copies of the slice in and out. T: the towers' stored type.
+// One owner in one process (tower `owner`'s device): every tower's buffers as its pass uses them (role = tower).
 template <class T, class Memory>
 class slice_copies {
  public:
   template <class Towers>
   slice_copies(const owner_slice& slice, Towers& towers, std::size_t owner, const Memory& memory)
-      : copied_(towers.access().copied_by(owner)), copies_(copied_.size()) {
+      : copied_(towers.access().copied_by(owner)), gradient_copies_(copied_.size()), replica_copies_(copied_.size()) {
     const int device = towers.device(owner);
     const std::size_t variables = towers.gradients(0).variables().count();
     for (std::size_t t = 0; t < copied_.size(); ++t) {
@@ -92,19 +90,18 @@ class slice_copies {
         append_role(replicas_, towers.replica(t));
         continue;
       }
-      copies_[t] = std::make_unique<copy>(copy{memory.template allocate<T>(slice.stored_elements, 256),
-                                               memory.template allocate<T>(slice.stored_elements, 256)});
-      const std::vector<T*> gradient_role = slice_pointers(slice, copies_[t]->gradients.get(), variables);
-      const std::vector<T*> replica_role = slice_pointers(slice, copies_[t]->replica.get(), variables);
+      gradient_copies_[t] = memory.template allocate<T>(slice.stored_elements, 256);
+      replica_copies_[t] = memory.template allocate<T>(slice.stored_elements, 256);
+      T* const gradients = gradient_copies_[t].get();
+      T* const replica = replica_copies_[t].get();
+      const std::vector<T*> gradient_role = slice_pointers(slice, gradients, variables);
+      const std::vector<T*> replica_role = slice_pointers(slice, replica, variables);
       gradients_.insert(gradients_.end(), gradient_role.begin(), gradient_role.end());
       replicas_.insert(replicas_.end(), replica_role.begin(), replica_role.end());
-      add_slice_copy(gradients_in_, slice, slice_copy::into_compact, towers.gradients(t), towers.device(t),
-                     copies_[t]->gradients.get(), device);
+      add_slice_copy(gradients_in_, slice, slice_copy::into_compact, towers.gradients(t), towers.device(t), gradients, device);
       if (t == 0)
-        add_slice_copy(master_in_, slice, slice_copy::into_compact, towers.replica(0), towers.device(0), copies_[0]->replica.get(),
-                       device);
-      add_slice_copy(replicas_out_, slice, slice_copy::out_of_compact, towers.replica(t), towers.device(t),
-                     copies_[t]->replica.get(), device);
+        add_slice_copy(master_in_, slice, slice_copy::into_compact, towers.replica(0), towers.device(0), replica, device);
+      add_slice_copy(replicas_out_, slice, slice_copy::out_of_compact, towers.replica(t), towers.device(t), replica, device);
     }
   }
 
@@ -118,11 +115,8 @@ class slice_copies {
   const copy_list<T>& replicas_out() const { return replicas_out_; }
 
  private:
-  struct copy {
-    typename Memory::template owner<T> gradients, replica;
-  };
   std::vector<char> copied_;
-  std::vector<std::unique_ptr<copy>> copies_;  // per tower; null: used in place
+  std::vector<typename Memory::template owner<T>> gradient_copies_, replica_copies_;  // per tower; empty: used in place
   std::vector<T*> gradients_, replicas_;
   copy_list<T> gradients_in_, master_in_, replicas_out_;
 };
