@@ -6,7 +6,6 @@
 
 #include <array>
 #include <cstddef>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -84,12 +83,10 @@ class shard_stager {
   const event& copy_end(int slot) const { return copy_end_[static_cast<std::size_t>(slot)]; }
 
  private:
-  using pinned_owner = typename decltype(std::declval<const Executor&>().pinned_memory())::template owner<char>;
-  using device_owner = typename decltype(std::declval<const Executor&>().device_memory(0))::template owner<char>;
   // One input's staging area in one slot: pinned host bytes and device bytes, grown on demand.
   struct buffer {
-    pinned_owner host;
-    device_owner device;
+    typename decltype(std::declval<const Executor&>().pinned_memory())::template owner<char> host;
+    typename decltype(std::declval<const Executor&>().device_memory(0))::template owner<char> device;
     std::size_t capacity = 0;
   };
 

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <utility>
 
-#include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/data/batch.hpp"
 #include "towerpipe/kernels/operands.hpp"
@@ -24,8 +23,7 @@ class device_tower_context
     : public tower_context_base<device_tower_context<Layout, Executor>,
                                 typename Layout::template buffer<decltype(std::declval<const Executor&>().device_memory(0))>,
                                 typename Layout::value_type> {
-  using buffer = typename Layout::template buffer<decltype(std::declval<const Executor&>().device_memory(0))>;
-  using base = tower_context_base<device_tower_context<Layout, Executor>, buffer, typename Layout::value_type>;
+  using base = typename device_tower_context::tower_context_base;
 
  public:
   using value_type = typename Layout::value_type;
@@ -59,12 +57,9 @@ class device_tower_context
   void copy_into(value_type* target, const value_type* source, std::size_t count) const {
     exec_.copy_async(target, source, count * sizeof(value_type), stream_);
   }
-  // The base's hooks: the tower function reads a parameter, or writes a gradient, from here on.
-  void note_parameter_read(const value_type* data, std::size_t count) const {
-    exec_.stream_host_access(stream_, data, count * sizeof(value_type), operand_access::read);
-  }
-  void note_gradient_write(value_type* data, std::size_t count) const {
-    exec_.stream_host_access(stream_, data, count * sizeof(value_type), operand_access::write);
+  // The base's hook: the tower function reads a parameter, or writes a gradient, from here on.
+  void note_access(const value_type* data, std::size_t count, operand_access access) const {
+    exec_.stream_host_access(stream_, data, count * sizeof(value_type), access);
   }
 
   const Executor& exec_;

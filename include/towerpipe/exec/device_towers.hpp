@@ -4,10 +4,9 @@
 // devices in host memory (exec/simulated.hpp). Tower i runs on pipeline_options::devices[i % size]
 // (several towers may share a device) with its own stream, parameter replica and gradient buffers.
 //
-// Per step and tower: the shard is packed into pinned memory on the host and copied on the tower's copy
-// stream (two staging slots, so stage(next) overlaps this step's compute); the tower's stream waits for
-// that copy and for the new parameters of the last step, then the tower function enqueues its forward
-// and backward on tower_context::stream(). The library orders stages with events only — no device-wide
+// Per step and tower: the shard is staged (exec/device_staging.hpp); the tower's stream waits for its
+// copy and for the new parameters of the last step, then the tower function enqueues its forward and
+// backward on tower_context::stream(). The library orders stages with events only — no device-wide
 // synchronisation inside a step; a step ends by waiting on each tower's final event.
 //
 // Peer access is enabled between every pair of the towers' distinct devices where the executor allows;
@@ -33,10 +32,8 @@
 #include "towerpipe/exec/device_tower_context.hpp"
 #include "towerpipe/exec/host.hpp"
 #include "towerpipe/executor/thread_pool.hpp"
-#include "towerpipe/exec/tower_failures.hpp"
 #include "towerpipe/data/batch.hpp"
 #include "towerpipe/wiring/copy_wiring.hpp"
-#include "towerpipe/kernels/operands.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
 #include "towerpipe/data/split.hpp"
 #include "towerpipe/trace/tracer.hpp"
@@ -44,37 +41,19 @@
 namespace towerpipe {
 namespace detail {
 
-// Which device each tower runs on; checks the ids against the visible devices.
-// `space`, `kind`: for the message ("exec::cuda", "CUDA").
-inline std::vector<int> assign_devices(std::size_t towers, const std::vector<int>& requested, int visible, const char* space,
-                                       const char* kind) {
-  if (visible == 0) fail("exec::", space, " needs a ", kind, " device, and none is visible");
-  std::vector<int> devices(towers);
-  for (std::size_t t = 0; t < towers; ++t) {
-    const int device = requested.empty() ? static_cast<int>(t % static_cast<std::size_t>(visible)) : requested[t % requested.size()];
-    if (device < 0 || device >= visible)
-      fail("tower ", t, ": ", kind, " device ", device, " does not exist (", visible, " device(s) visible)");
-    devices[t] = device;
-  }
-  return devices;
-}
-
 // The towers of a device execution space (the towers interface: exec/towers_contract.hpp).
 template <class Layout, class Executor>
 class device_towers {
  public:
-  using executor_type = Executor;
   using value_type = typename Layout::value_type;
   using device_memory = decltype(std::declval<const Executor&>().device_memory(0));
   using device_buffer = typename Layout::template buffer<device_memory>;
-  using host_buffer = typename Layout::template buffer<host_memory>;
   using context = device_tower_context<Layout, Executor>;
-  using stream_type = typename Executor::stream;
   using event_type = typename Executor::event;
 
   device_towers(const variable_set& variables, std::size_t towers, const pipeline_options& options)
       : exec_(options),
-        devices_(assign_devices(towers, options.devices, exec_.device_count(), Executor::name, Executor::device_kind)),
+        devices_(assign_devices(towers, options.devices, exec_.device_count())),
         access_(devices_, exec_.enable_peer_access(devices_), options.direct_device_access),
         pool_(host_thread_count(options)),
         tracer_(options.trace),
@@ -116,7 +95,7 @@ class device_towers {
   const tower_access& access() const { return access_; }
   thread_pool& pool() { return pool_; }
 
-  const stream_type& stream(std::size_t t) const { return towers_[t]->stream; }
+  const typename Executor::stream& stream(std::size_t t) const { return towers_[t]->stream; }
   device_buffer& replica(std::size_t t) { return towers_[t]->replica; }
   device_buffer& gradients(std::size_t t) { return towers_[t]->gradients; }
   // Recorded on the tower's stream when its gradients are complete. The reduction makes each tower's
@@ -291,11 +270,25 @@ class device_towers {
     std::vector<shard> shards;
   };
 
+  // Which device each tower runs on; checks the ids against the visible devices.
+  static std::vector<int> assign_devices(std::size_t towers, const std::vector<int>& requested, int visible) {
+    if (visible == 0) fail("exec::", Executor::name, " needs a ", Executor::device_kind, " device, and none is visible");
+    std::vector<int> devices(towers);
+    for (std::size_t t = 0; t < towers; ++t) {
+      const int device = requested.empty() ? static_cast<int>(t) % visible : requested[t % requested.size()];
+      if (device < 0 || device >= visible)
+        fail("tower ", t, ": ", Executor::device_kind, " device ", device, " does not exist (", visible, " device(s) visible)");
+      devices[t] = device;
+    }
+    return devices;
+  }
+
   // pipeline_options::poison_gradients (core/gradient_poison.hpp has the pattern): the fill and the scan
-  // on the tower's stream.
+  // on the tower's stream, over the gradients' bits.
+  using poison_bits = typename gradient_poison<value_type>::bits_type;
   void poison_gradients(tower& own) const {
     for (std::size_t v = 0; v < own.gradients.variables().count(); ++v) {
-      auto* bits = poison_bits(own.gradients.data(v));
+      auto* bits = reinterpret_cast<poison_bits*>(own.gradients.data(v));
       exec_.fill_async(bits, own.gradients.view(v).size(), gradient_poison<value_type>::bits, own.stream);
     }
   }
@@ -303,15 +296,11 @@ class device_towers {
   void check_written(tower& own, const std::vector<char>& written) const {
     for (std::size_t v = 0; v < own.gradients.variables().count(); ++v) {
       if (!written[v]) continue;  // reported with the tower by throw_tower_failures
-      const auto* bits = poison_bits(own.gradients.data(v));
+      const auto* bits = reinterpret_cast<const poison_bits*>(own.gradients.data(v));
       const std::size_t size = own.gradients.view(v).size();
       const std::size_t found = exec_.find_first(bits, size, gradient_poison<value_type>::bits, own.stream, own.find_scratch);
       if (found != size) fail_unwritten_element(own.gradients.variables()[v], found);
     }
-  }
-  template <class T>
-  static auto* poison_bits(T* values) {
-    return reinterpret_cast<typename gradient_poison<T>::bits_type*>(values);
   }
 
   Executor exec_;
@@ -320,7 +309,7 @@ class device_towers {
   thread_pool pool_;
   tracer tracer_;
   bool poison_;
-  host_buffer host_mirror_;
+  typename Layout::template buffer<host_memory> host_mirror_;
   std::vector<std::unique_ptr<tower>> towers_;
   std::vector<std::vector<char>> written_;
   std::vector<std::vector<char>> ready_;  // [tower][variable]: marked by gradient_ready this step

@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -27,7 +26,6 @@
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/executor/thread_pool.hpp"
 #include "towerpipe/exec/tower_context.hpp"
-#include "towerpipe/exec/tower_failures.hpp"
 #include "towerpipe/data/batch.hpp"
 #include "towerpipe/step/pipeline_options.hpp"
 #include "towerpipe/data/split.hpp"
@@ -45,8 +43,7 @@ template <class Layout>
 class host_tower_context : public tower_context_base<host_tower_context<Layout>,
                                                      typename Layout::template buffer<host_memory>,
                                                      typename Layout::value_type> {
-  using base = tower_context_base<host_tower_context<Layout>, typename Layout::template buffer<host_memory>,
-                                  typename Layout::value_type>;
+  using base = typename host_tower_context::tower_context_base;
 
  public:
   using value_type = typename Layout::value_type;
@@ -78,42 +75,6 @@ class host_tower_context : public tower_context_base<host_tower_context<Layout>,
 inline std::size_t host_thread_count(const pipeline_options& options) {
   if (options.host_threads != 0) return options.host_threads;
   return std::max<std::size_t>(1, std::thread::hardware_concurrency());
-}
-
-// Fills every gradient of `gradients` with the poison pattern (pipeline_options::poison_gradients).
-template <class Buffer>
-void poison_host_gradients(Buffer& gradients) {
-  using T = std::remove_pointer_t<decltype(gradients.data(0))>;
-  for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
-    const tensor_view<T> view = gradients.view(v);
-    std::fill(view.begin(), view.end(), poison_value<T>());
-  }
-}
-
-// Throws if a written gradient still holds the poison somewhere, naming the variable and element.
-template <class Buffer>
-void check_host_gradients_written(const Buffer& gradients, const std::vector<char>& written) {
-  for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
-    if (!written[v]) continue;  // reported with the tower by throw_tower_failures
-    const auto view = gradients.view(v);
-    const std::size_t element = first_poisoned(view.data(), view.size());
-    if (element != view.size()) fail_unwritten_element(gradients.variables()[v], element);
-  }
-}
-
-// Throws if a gradient marked ready changed afterwards (poison_gradients: written through a view taken
-// before gradient_ready), naming the variable.
-template <class Buffer>
-void check_host_gradients_unchanged_after_ready(const Buffer& gradients, const std::vector<char>& ready,
-                                                const std::vector<std::uint64_t>& digests) {
-  using T = std::remove_const_t<std::remove_pointer_t<decltype(gradients.data(0))>>;
-  for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
-    if (!ready[v]) continue;
-    const auto view = gradients.view(v);
-    if (fnv1a(view.data(), view.size() * sizeof(T)) != digests[v])
-      fail("the gradient of variable '", gradients.variables()[v].name, "' changed after gradient_ready('",
-           gradients.variables()[v].name, "'): its bucket may have been reduced before the change");
-  }
 }
 
 // The towers of exec::host: a thread pool, the shared parameters and one gradient buffer per tower.
@@ -149,10 +110,8 @@ class host_towers {
     std::copy(values, values + parameters_.view(index).size(), parameters_.data(index));
   }
 
-  // Where gradient_ready marks go (the overlapped reduction), or nowhere (null); and each tower's marks
-  // of the last run().
+  // Where gradient_ready marks go (the overlapped reduction), or nowhere (null).
   void set_ready_listener(tower_ready_listener* listener) { listener_ = listener; }
-  const std::vector<char>& ready(std::size_t tower) const { return ready_[tower]; }
   // Host towers' work is done when their functions return: no events to record, nothing to finish.
   void prepare_bucket_events(std::size_t) {}
   void record_bucket_done(std::size_t, std::size_t) {}
@@ -186,7 +145,7 @@ class host_towers {
     for (std::vector<char>& flags : written_) std::fill(flags.begin(), flags.end(), 0);
     for (std::vector<char>& flags : ready_) std::fill(flags.begin(), flags.end(), 0);
     std::vector<std::exception_ptr> failures = pool_.run(towers(), [&](std::size_t tower) {
-      if (poison_) poison_host_gradients(gradients_[tower]);
+      if (poison_) poison(gradients_[tower]);
       context ctx(poison_ ? &ready_digests_[tower] : nullptr, tower, towers(), current.shards[tower],
                   current.shard_weights[tower].weight, &parameters_, &gradients_[tower], &written_[tower], &ready_[tower],
                   listener_);
@@ -194,8 +153,8 @@ class host_towers {
       losses[tower] = static_cast<double>(fn(ctx));
       tracer_.span("compute", start, timeline::clock::now(), step, "tower ", tower);
       if (poison_) {
-        check_host_gradients_written(gradients_[tower], written_[tower]);
-        check_host_gradients_unchanged_after_ready(gradients_[tower], ready_[tower], ready_digests_[tower]);
+        check_written(gradients_[tower], written_[tower]);
+        check_unchanged_after_ready(gradients_[tower], ready_[tower], ready_digests_[tower]);
       }
       if (listener_ != nullptr) listener_->tower_returned(tower, ready_[tower]);
     });
@@ -208,6 +167,37 @@ class host_towers {
     std::vector<towerpipe::batch> shards;
     std::vector<shard> shard_weights;
   };
+
+  // pipeline_options::poison_gradients (core/gradient_poison.hpp has the pattern): fills every gradient.
+  static void poison(buffer& gradients) {
+    for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
+      const tensor_view<value_type> view = gradients.view(v);
+      std::fill(view.begin(), view.end(), poison_value<value_type>());
+    }
+  }
+
+  // Throws if a written gradient still holds the poison somewhere, naming the variable and element.
+  static void check_written(const buffer& gradients, const std::vector<char>& written) {
+    for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
+      if (!written[v]) continue;  // reported with the tower by throw_tower_failures
+      const auto view = gradients.view(v);
+      const std::size_t element = first_poisoned(view.data(), view.size());
+      if (element != view.size()) fail_unwritten_element(gradients.variables()[v], element);
+    }
+  }
+
+  // Throws if a gradient marked ready changed afterwards (written through a view taken before
+  // gradient_ready), naming the variable.
+  static void check_unchanged_after_ready(const buffer& gradients, const std::vector<char>& ready,
+                                          const std::vector<std::uint64_t>& digests) {
+    for (std::size_t v = 0; v < gradients.variables().count(); ++v) {
+      if (!ready[v]) continue;
+      const auto view = gradients.view(v);
+      if (fnv1a(view.data(), view.size() * sizeof(value_type)) != digests[v])
+        fail("the gradient of variable '", gradients.variables()[v].name, "' changed after gradient_ready('",
+             gradients.variables()[v].name, "'): its bucket may have been reduced before the change");
+    }
+  }
 
   thread_pool pool_;
   tracer tracer_;

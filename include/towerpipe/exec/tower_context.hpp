@@ -26,8 +26,14 @@
 // towerpipe::error naming tower and variable; a write through a view taken before the mark is found by
 // poison_gradients (host towers). A tower that marks nothing, or not everything, has the rest marked
 // when it returns: the unbucketed step.
+//
+// What went wrong in the towers of one step becomes a single towerpipe::error that names the tower
+// (throw_tower_failures): the lowest-numbered tower that threw (and how many others did), else the first
+// gradient left unwritten.
 
+#include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +42,7 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/data/batch.hpp"
+#include "towerpipe/kernels/operands.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -72,7 +79,7 @@ class tower_context_base {
     variables().check_index(index);
     if ((*ready_)[index]) fail_after_ready("read the parameter of", index);
     const tensor_view<const T> view = parameters_->view(index);
-    self().note_parameter_read(view.data(), view.size());
+    self().note_access(view.data(), view.size(), operand_access::read);
     return view;
   }
   tensor_view<const T> parameter(const std::string& name) const { return parameter(variables().index_of(name)); }
@@ -80,7 +87,7 @@ class tower_context_base {
   // Write-only: see the gradient contract at the top of this header.
   tensor_view<T> gradient(std::size_t index) {
     const tensor_view<T> view = written_view(index);
-    self().note_gradient_write(view.data(), view.size());
+    self().note_access(view.data(), view.size(), operand_access::write);
     return view;
   }
   tensor_view<T> gradient(const std::string& name) { return gradient(variables().index_of(name)); }
@@ -89,7 +96,7 @@ class tower_context_base {
   tensor_view<T> zeroed_gradient(std::size_t index) {
     const tensor_view<T> view = written_view(index);
     self().fill_zero(view.data(), view.size());
-    self().note_gradient_write(view.data(), view.size());
+    self().note_access(view.data(), view.size(), operand_access::write);
     return view;
   }
   tensor_view<T> zeroed_gradient(const std::string& name) { return zeroed_gradient(variables().index_of(name)); }
@@ -138,8 +145,7 @@ class tower_context_base {
   // What an execution space does at a mark beyond the bookkeeping, and when the tower function is handed
   // a parameter to read or a gradient to write (device towers declare it to their executor); nothing by default.
   void note_ready(std::size_t) {}
-  void note_parameter_read(const T*, std::size_t) const {}
-  void note_gradient_write(T*, std::size_t) const {}
+  void note_access(const T*, std::size_t, operand_access) const {}
   tensor_view<const T> gradients_view(std::size_t index) const { return gradients_->view(index); }
 
  private:
@@ -167,6 +173,37 @@ class tower_context_base {
   std::vector<char>* ready_;
   tower_ready_listener* listener_;
 };
+
+// An element of a gradient that still holds the poison after the tower function (the tower is named by
+// throw_tower_failures, which wraps this message).
+[[noreturn]] inline void fail_unwritten_element(const variable& v, std::size_t element) {
+  fail("element ", element, " (index ", shaped_index(v, element), ") of the gradient of variable '", v.name, "' ",
+       to_string(v.shape), " was not written: it still holds the poison of pipeline_options::poison_gradients");
+}
+
+inline void throw_tower_failures(const std::vector<std::exception_ptr>& failures,
+                                 const std::vector<std::vector<char>>& written, const variable_set& variables) {
+  const std::size_t failed = static_cast<std::size_t>(
+      std::count_if(failures.begin(), failures.end(), [](const std::exception_ptr& e) { return e != nullptr; }));
+  const std::string others = failed > 1 ? make_message(" (", failed - 1, " more tower(s) failed too)") : std::string();
+  for (std::size_t tower = 0; tower < failures.size(); ++tower) {
+    if (failures[tower] == nullptr) continue;
+    try {
+      std::rethrow_exception(failures[tower]);
+    } catch (const error& e) {
+      fail("tower ", tower, ": ", e.message(), others);
+    } catch (const std::exception& e) {
+      fail("tower ", tower, " threw: ", e.what(), others);
+    } catch (...) {
+      fail("tower ", tower, " threw an exception that is not a std::exception", others);
+    }
+  }
+  for (std::size_t tower = 0; tower < written.size(); ++tower) {
+    for (std::size_t v = 0; v < variables.count(); ++v) {
+      if (!written[tower][v]) fail("tower ", tower, " did not write the gradient of variable '", variables[v].name, "'");
+    }
+  }
+}
 
 }  // namespace detail
 }  // namespace towerpipe

@@ -1,7 +1,7 @@
 #pragma once
 // The towers interface: what pipeline<Exec, ...> needs of Exec::towers<Layout> (exec::host's host_towers,
-// exec::cuda's cuda_towers), written down as the optimizer interface is in optim/sgd.hpp and checked by
-// the pipeline with a static_assert per member that names it.
+// the device_towers of exec::cuda and exec::simulated), written down as the optimizer interface is in
+// optim/sgd.hpp and checked by the pipeline with a static_assert per member that names it.
 //
 //   using value_type, context                   the layout's value type; what a tower function receives
 //   towers(variables, tower_count, options)     constructor (pipeline_options)
@@ -30,18 +30,11 @@
 #include <utility>
 #include <vector>
 
-#include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/data/batch.hpp"
 #include "towerpipe/data/split.hpp"
 
 namespace towerpipe {
 namespace detail {
-
-// A tower function that only names the context type, for checking run(fn, step).
-template <class Context>
-struct probe_tower_fn {
-  double operator()(Context&) const { return 0; }
-};
 
 #define TOWERPIPE_DETECT_MEMBER(trait, expression)               \
   template <class T, class = void>                               \
@@ -55,8 +48,8 @@ TOWERPIPE_DETECT_MEMBER(towers_has_stage, std::declval<T&>().stage(std::declval<
 TOWERPIPE_DETECT_MEMBER(towers_has_staged, std::declval<const T&>().staged());
 TOWERPIPE_DETECT_MEMBER(towers_has_next_shards, std::declval<const T&>().next_shards());
 TOWERPIPE_DETECT_MEMBER(towers_has_discard_next, std::declval<T&>().discard_next());
-TOWERPIPE_DETECT_MEMBER(towers_has_run,
-                        std::declval<T&>().run(std::declval<probe_tower_fn<typename T::context>&>(), std::int64_t{}));
+TOWERPIPE_DETECT_MEMBER(towers_has_run,  // with a tower function that only names the context type
+                        std::declval<T&>().run(std::declval<double (&)(typename T::context&)>(), std::int64_t{}));
 TOWERPIPE_DETECT_MEMBER(towers_has_parameter_on_host, std::declval<T&>().parameter_on_host(std::size_t{}));
 TOWERPIPE_DETECT_MEMBER(towers_has_set_parameter,
                         std::declval<T&>().set_parameter(std::size_t{}, std::declval<const typename T::value_type*>()));
