@@ -5,7 +5,6 @@
 // Why: docs/design-notes.md#io-checkpoint
 
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
@@ -21,17 +20,14 @@
 #include "towerpipe/io/checkpoint_file.hpp"
 
 namespace towerpipe {
-namespace detail {
-
-// Version 2 added the loss_scale line, version 3 the user data; older files still load.
-constexpr std::uint32_t checkpoint_version = 3;
-
-}  // namespace detail
 
 // The most bytes of user data a checkpoint carries (a data cursor, an epoch and batch, a generator's state).
 constexpr std::size_t max_checkpoint_user_data = std::size_t(1) << 20;
 
 namespace detail {
+
+// Version 2 added the loss_scale line, version 3 the user data; older files still load.
+constexpr std::uint32_t checkpoint_version = 3;
 
 template <class T>
 void append_raw(std::string& out, const T& value) {
@@ -43,26 +39,6 @@ T read_raw(const std::string& in, std::size_t offset) {
   T value;
   std::memcpy(&value, in.data() + offset, sizeof value);
   return value;
-}
-
-inline std::string describe_variables(const variable_set& variables) {
-  std::string text;
-  for (const variable& v : variables) {
-    text += "variable " + v.name;
-    for (std::size_t extent : v.shape) text += " " + std::to_string(extent);
-    text += "\n";
-  }
-  return text;
-}
-
-}  // namespace detail
-
-namespace detail {
-
-inline std::string hex64(std::uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
 }
 
 // The checkpoint file's bytes (see the top) for a pipeline, with the program's `user_data`.
@@ -83,9 +59,13 @@ std::string checkpoint_bytes(const Pipeline& pipeline, const std::string& user_d
          << "loss_scale " << std::setprecision(9) << pipeline.loss_scale() << " " << pipeline.loss_scale_good_steps() << "\n"
          << "written_by exec::" << Pipeline::exec_policy::name << " reduce::" << pipeline.backend_name()
          << " layout::" << Pipeline::layout_policy::name << "\n"
-         << "variables " << variables.count() << "\n"
-         << detail::describe_variables(variables)
-         << "user_data " << user_data.size() << " " << detail::hex64(fnv1a(user_data.data(), user_data.size())) << "\n";
+         << "variables " << variables.count() << "\n";
+  for (const variable& v : variables) {
+    header << "variable " << v.name;
+    for (std::size_t extent : v.shape) header << " " << extent;
+    header << "\n";
+  }
+  header << "user_data " << user_data.size() << " " << hex_digest(fnv1a(user_data.data(), user_data.size())) << "\n";
   const std::string header_text = header.str();
 
   std::string bytes(detail::checkpoint_magic, sizeof detail::checkpoint_magic);
