@@ -55,9 +55,6 @@ class pipeline_state {
   static_assert(check_towers_contract<towers_type>());
   static_assert(check_reducer_contract<reducer_type, towers_type, Optim, master_type>());
 
-  pipeline_state(const pipeline_state&) = delete;
-  pipeline_state& operator=(const pipeline_state&) = delete;
-
   const variable_set& variables() const { return *variables_; }
   std::size_t towers() const { return towers_->towers(); }
   std::int64_t steps_done() const { return steps_done_; }

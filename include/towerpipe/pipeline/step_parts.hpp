@@ -46,8 +46,6 @@ class step_parts final : public tower_ready_listener {
                                       "more buckets (or buckets.groups names them)");
   }
   ~step_parts() { towers_.set_ready_listener(nullptr); }
-  step_parts(const step_parts&) = delete;
-  step_parts& operator=(const step_parts&) = delete;
 
   std::size_t buckets() const { return plan_.count(); }
 
@@ -66,12 +64,9 @@ class step_parts final : public tower_ready_listener {
 
   void gradient_ready(std::size_t tower, std::size_t variable) override {
     if (!one_bucket_note_.empty() && !one_bucket_noted_.exchange(true)) log_note(one_bucket_note_);  // said once, at the first mark
-    const std::size_t bucket = readiness_.mark_for_tower(tower, variable);
-    if (bucket != no_bucket && during_towers_) towers_.record_bucket_done(tower, bucket);
-    const mark_count counted = count_mark(bucket);
-    if (!counted.completed || !during_towers_) return;
-    const bool marks_to_come = counted.marks_to_come;
-    worker_.post([this, bucket, marks_to_come] {
+    const mark_count marked = mark(tower, variable);
+    if (!marked.completed || !during_towers_) return;
+    worker_.post([this, bucket = marked.bucket, marks_to_come = marked.marks_to_come] {
       const auto start = tracer::clock::now();
       reducer_.reduce_part(towers_, step_part{plan_.buckets[bucket], bucket});
       reduced_[bucket] = marks_to_come ? hidden : reduced;
@@ -83,10 +78,7 @@ class step_parts final : public tower_ready_listener {
   // the towers, and must see this tower's completion too (its event, recorded now, after all its work).
   void tower_returned(std::size_t tower, const std::vector<char>& ready) override {
     for (std::size_t v = 0; v < ready.size(); ++v) {
-      if (ready[v]) continue;
-      const std::size_t bucket = readiness_.mark_for_tower(tower, v);
-      if (bucket != no_bucket && during_towers_) towers_.record_bucket_done(tower, bucket);
-      count_mark(bucket);
+      if (!ready[v]) mark(tower, v);
     }
   }
 
@@ -115,11 +107,7 @@ class step_parts final : public tower_ready_listener {
   }
 
   // The buckets reduced while some tower still had gradients to mark (see the top).
-  std::size_t buckets_during_towers() const {
-    std::size_t count = 0;
-    for (char done : reduced_) count += done == hidden;
-    return count;
-  }
+  std::size_t buckets_during_towers() const { return std::count(reduced_.begin(), reduced_.end(), hidden); }
   double seconds_during_towers() const { return seconds_during_towers_; }
   // When the towers had ended (after_towers began).
   step_clock::time_point towers_ended() const { return towers_ended_; }
@@ -136,23 +124,24 @@ class step_parts final : public tower_ready_listener {
       reducer_.abandon(towers_);
     } catch (...) {
     }
-    std::size_t count = 0;
-    for (char done : reduced_) count += done != 0;
-    return count;
+    return reduced_.size() - std::count(reduced_.begin(), reduced_.end(), 0);
   }
 
  private:
-  // Counts one mark (the last of `bucket` on its tower, or no_bucket): whether it completed that bucket
-  // for every tower, and whether marks were still to come then. One lock for both: of two towers' last
-  // marks, the one that completes the bucket sees the other counted, so the bucket that the step's last
-  // mark completes is never reported as reduced during the towers.
+  // Marks `variable` ready on `tower`: the bucket that mark completed on that tower (or no_bucket), whether
+  // it completed that bucket for every tower, and whether marks were still to come then. One lock for both
+  // counts: of two towers' last marks, the one that completes the bucket sees the other counted, so the
+  // bucket that the step's last mark completes is never reported as reduced during the towers.
   struct mark_count {
+    std::size_t bucket;
     bool completed, marks_to_come;
   };
-  mark_count count_mark(std::size_t bucket) {
+  mark_count mark(std::size_t tower, std::size_t variable) {
+    const std::size_t bucket = readiness_.mark_for_tower(tower, variable);
+    if (bucket != no_bucket && during_towers_) towers_.record_bucket_done(tower, bucket);
     const std::lock_guard<std::mutex> lock(marks_mutex_);
     const bool marks_to_come = --marks_left_ > 0;
-    return {bucket != no_bucket && readiness_.tower_completed(bucket), marks_to_come};
+    return {bucket, bucket != no_bucket && readiness_.tower_completed(bucket), marks_to_come};
   }
 
   bucket_plan plan_;
