@@ -43,18 +43,13 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
   using layout_policy = Layout;
   using typename state::hyper_parameters;
   using typename state::master_type;
-  using typename state::reducer_type;
-  using typename state::stored_type;
-  using typename state::tower_context;
-  using typename state::towers_type;
-  using typename state::value_type;
 
   pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
            const pipeline_options& options = {})
       : state(std::move(variables), towers, h, options), inputs_(std::move(inputs)), tracer_(options.trace) {
     detail::validate(inputs_);
-    parts_ = std::make_unique<parts_type>(*this->variables_, options.buckets, sizeof(stored_type), *this->towers_, *this->reducer_,
-                                             tracer_);
+    parts_ = std::make_unique<parts_type>(*this->variables_, options.buckets, sizeof(typename state::stored_type), *this->towers_,
+                                          *this->reducer_, tracer_);
     if (options.trace != nullptr && this->across_processes())
       options.trace->set_process(this->processes_->rank(), this->processes_->size(), this->processes_->global_tower(0));
   }
@@ -110,7 +105,7 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
 
  private:
   using clock = detail::step_clock;
-  using parts_type = detail::step_parts<towers_type, reducer_type>;
+  using parts_type = detail::step_parts<typename state::towers_type, typename state::reducer_type>;
   using work_type = detail::step_work<master_type, Optim>;
 
   void stage_held(const batch& examples) {
@@ -141,14 +136,16 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
       detail::fail(*cannot);
     }
     step_stats stats;
+    stats.step = this->steps_done_ + 1;
     const auto start = clock::now();
     const std::vector<shard> shards = this->towers_->next_shards();  // a copy: run() consumes the staged batch
     const auto [staging_seconds, part_digest] = staged_.front();
     stats.stages.split = staging_seconds;  // when the batch was staged, maybe during the last step
     staged_.pop_front();
-    std::vector<double> exact_weights;
+    std::vector<double> exact_weights;  // w_i = examples_i / all examples, over every process's shards
     try {
-      exact_weights = tower_weights(shards, part_digest, stats);
+      exact_weights = this->processes_->agree_before_towers(  // across processes, after agreeing on the settings
+          stats.step, [&] { return this->step_settings_now(); }, shards, part_digest, this->options_.split, stats.examples);
     } catch (...) {
       // Refused before the towers ran: the batch goes, as after a failed step; across processes every
       // staged batch goes, as on the process that refused (refuse_on_every_process).
@@ -156,7 +153,7 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
       if (this->across_processes()) drop_staged();
       throw;
     }
-    stats.step = this->steps_done_ + 1;
+    this->changes_.clear();
     stats.buckets = parts_->buckets();
     const work_type work = step_work(exact_weights, stats);
     try {
@@ -202,16 +199,6 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
     work.parts_during_towers = this->options_.overlap_reduction && this->reducer_->buckets_during_towers() &&
                                (!work.checked || work.window.first);
     return work;
-  }
-
-  // The towers' weights w_i = examples_i / all examples; with several processes (reduce::sharded) every
-  // process's shards count, stats.examples becomes their total, and the processes first agree on this
-  // step's settings (step/processes.hpp).
-  std::vector<double> tower_weights(const std::vector<shard>& shards, std::uint64_t part_digest, step_stats& stats) {
-    const std::vector<double> weights = this->processes_->agree_before_towers(
-        this->steps_done_ + 1, [&] { return this->step_settings_now(); }, shards, part_digest, this->options_.split, stats.examples);
-    this->changes_.clear();
-    return weights;
   }
 
   // The towers on this step's batch, their losses, the loss weighted by `weights`, and the parts they
