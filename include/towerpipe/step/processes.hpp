@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -49,11 +50,8 @@ class single_process final : public process_group {
 inline std::string first_difference(const std::vector<std::string>& texts) {
   const auto lines_of = [](const std::string& s) {
     std::vector<std::string> result;
-    for (std::size_t at = 0; at < s.size();) {
-      const std::size_t end = std::min(s.find('\n', at), s.size());  // the last line may lack its '\n'
-      result.push_back(s.substr(at, end - at));
-      at = end + 1;
-    }
+    std::istringstream text(s);
+    for (std::string line; std::getline(text, line);) result.push_back(line);  // the last line may lack its '\n'
     return result;
   };
   for (std::size_t r = 1; r < texts.size(); ++r) {
@@ -112,7 +110,12 @@ class processes {
         size_(group_->size()),
         local_towers_(local_towers),
         identical_parts_allowed_(options.identical_process_parts) {
-    check_fingerprint(fingerprint);
+    std::string text;
+    for (const std::string& line : fingerprint) text += line + '\n';
+    const std::string difference =
+        first_difference(group_->all_gather(text.data(), text.size(), "the configuration check before the first step"));
+    if (!difference.empty())
+      fail("reduce::sharded over ", group_->describe(), ": the processes differ before the first step: ", difference);
     if (checked && towers() >= nonfinite_sum_tower)
       fail("a checked pipeline takes at most ", nonfinite_sum_tower - 1, " towers over all processes, ", towers(), " requested");
   }
@@ -162,41 +165,34 @@ class processes {
   // bits on every process). One process: run_towers(), then settle() where they succeeded.
   template <class RunTowers, class Settle>
   double agree_on_towers(std::int64_t step, RunTowers&& run_towers, Settle&& settle) const {
-    if (size_ == 1) {
-      const double loss = run_towers();
-      settle();
-      return loss;
-    }
     std::optional<std::string> failure;
     double loss = 0;
     try {
       loss = run_towers();
     } catch (...) {
+      if (size_ == 1) throw;
       failure = current_exception_text();
     }
     try {
       settle();
     } catch (...) {
+      if (size_ == 1) throw;
       if (!failure) failure = current_exception_text();
     }
-    return exchange_after_towers(step, loss, failure);
+    return size_ == 1 ? loss : exchange_after_towers(step, loss, failure);
   }
 
   // Every process's first non-finite key (the least wins) and its owner's tiles' sums (owners' tiles
   // follow in rank order, as tiles follow in flat order).
   screen_partials share_screen(const screen_partials& mine) const {
-    std::string bytes(sizeof mine.first_nonfinite + mine.tile_sums.size() * sizeof(double), '\0');
-    std::memcpy(bytes.data(), &mine.first_nonfinite, sizeof mine.first_nonfinite);
-    if (!mine.tile_sums.empty())  // an owner of no tiles has no array to copy from
-      std::memcpy(bytes.data() + sizeof mine.first_nonfinite, mine.tile_sums.data(), mine.tile_sums.size() * sizeof(double));
+    std::string bytes;
+    append_raw(bytes, mine.first_nonfinite);
+    for (double sum : mine.tile_sums) append_raw(bytes, sum);
     screen_partials all;
     for (const std::string& part : group_->all_gather(bytes.data(), bytes.size(), "sharing the gradient screen")) {
-      nonfinite_key key = no_nonfinite;
-      std::memcpy(&key, part.data(), sizeof key);
-      all.first_nonfinite = std::min(all.first_nonfinite, key);
-      const std::size_t before = all.tile_sums.size();
-      all.tile_sums.resize(before + (part.size() - sizeof key) / sizeof(double));
-      if (part.size() > sizeof key) std::memcpy(all.tile_sums.data() + before, part.data() + sizeof key, part.size() - sizeof key);
+      std::size_t at = 0;
+      all.first_nonfinite = std::min(all.first_nonfinite, read_raw<nonfinite_key>(part, at));
+      while (at < part.size()) all.tile_sums.push_back(read_raw<double>(part, at));
     }
     return all;
   }
@@ -211,8 +207,8 @@ class processes {
     mine += refusal ? 'R' : 'A';  // refused or accepted
     append_text(mine, settings.text);
     mine += settings.parameters_set ? 'P' : 'N';
-    append_count(mine, part);
-    for (const shard& s : shards) append_count(mine, s.examples);
+    append_raw(mine, part);
+    for (const shard& s : shards) append_raw<std::uint64_t>(mine, s.examples);
     std::vector<std::string> all_settings;
     std::vector<std::uint64_t> counts, parts;
     std::string refusals, parameters_set_on;
@@ -223,8 +219,8 @@ class processes {
       if (bytes[at++] == 'R') refusals += make_message(refusals.empty() ? "" : "; ", "rank ", rank, ": ", refused);
       all_settings.push_back(read_text(bytes, at));
       if (bytes[at++] == 'P') parameters_set_on += make_message(parameters_set_on.empty() ? "" : ", ", rank);
-      parts.push_back(read_count(bytes, at));
-      while (at < bytes.size()) counts.push_back(read_count(bytes, at));
+      parts.push_back(read_raw<std::uint64_t>(bytes, at));
+      while (at < bytes.size()) counts.push_back(read_raw<std::uint64_t>(bytes, at));
       ++rank;
     }
     if (!refusals.empty())
@@ -254,9 +250,8 @@ class processes {
     const std::vector<std::string> all = group_->all_gather(&digest, sizeof digest, "comparing the parameters set since the last step");
     std::vector<std::string> digests;
     for (const std::string& bytes : all) {
-      std::uint64_t d = 0;
-      std::memcpy(&d, bytes.data(), sizeof d);
-      digests.push_back("parameters: digest " + hex_digest(d));
+      std::size_t at = 0;
+      digests.push_back("parameters: digest " + hex_digest(read_raw<std::uint64_t>(bytes, at)));
     }
     const std::string difference = first_difference(digests);
     if (!difference.empty())
@@ -268,8 +263,8 @@ class processes {
   // agree_on_towers across processes: `failure` is what failed on this process, nothing where its towers
   // succeeded.
   double exchange_after_towers(std::int64_t step, double loss, const std::optional<std::string>& failure) const {
-    std::string mine(1 + sizeof loss, failure ? 'F' : 'S');  // failed or succeeded, the loss, what failed
-    std::memcpy(mine.data() + 1, &loss, sizeof loss);
+    std::string mine(1, failure ? 'F' : 'S');  // failed or succeeded, the loss, what failed
+    append_raw(mine, loss);
     if (failure) mine += *failure;
     double total = 0;
     std::string failures;
@@ -279,9 +274,8 @@ class processes {
         failures += make_message(failures.empty() ? "" : "; ", "rank ", r, ": ", all[r].substr(1 + sizeof loss));
         continue;
       }
-      double part = 0;
-      std::memcpy(&part, all[r].data() + 1, sizeof part);
-      total += part;
+      std::size_t at = 1;
+      total += read_raw<double>(all[r], at);
     }
     if (!failures.empty())
       fail("step ", step, " failed on ", group_->describe(), " (", failures, "); nothing was updated on any process");
@@ -325,30 +319,23 @@ class processes {
     }
   }
 
+  template <class T>
+  static void append_raw(std::string& bytes, const T& value) { bytes.append(reinterpret_cast<const char*>(&value), sizeof value); }
+  template <class T>
+  static T read_raw(const std::string& bytes, std::size_t& at) {
+    T value{};
+    std::memcpy(&value, bytes.data() + at, sizeof value);
+    at += sizeof value;
+    return value;
+  }
   static void append_text(std::string& bytes, const std::string& text) {
-    append_count(bytes, text.size());
+    append_raw<std::uint64_t>(bytes, text.size());
     bytes += text;
   }
-  static void append_count(std::string& bytes, std::uint64_t count) { bytes.append(reinterpret_cast<const char*>(&count), sizeof count); }
-  static std::uint64_t read_count(const std::string& bytes, std::size_t& at) {
-    std::uint64_t count = 0;
-    std::memcpy(&count, bytes.data() + at, sizeof count);
-    at += sizeof count;
-    return count;
-  }
   static std::string read_text(const std::string& bytes, std::size_t& at) {
-    const std::size_t length = static_cast<std::size_t>(read_count(bytes, at));
+    const auto length = static_cast<std::size_t>(read_raw<std::uint64_t>(bytes, at));
     at += length;
     return bytes.substr(at - length, length);
-  }
-
-  void check_fingerprint(const std::vector<std::string>& lines) const {
-    std::string text;
-    for (const std::string& line : lines) text += line + '\n';
-    const std::string difference =
-        first_difference(group_->all_gather(text.data(), text.size(), "the configuration check before the first step"));
-    if (!difference.empty())
-      fail("reduce::sharded over ", group_->describe(), ": the processes differ before the first step: ", difference);
   }
 
   std::shared_ptr<process_group> group_;
