@@ -1,7 +1,6 @@
 #pragma once
-// The loss scale of a pipeline's steps (pipeline_options::loss_scale): torch.cuda.amp.GradScaler's
-// state machine. The scale is a float, as GradScaler's; a dynamic scale halves (backoff_factor) on a
-// non-finite step and grows (growth_factor) after growth_interval finite steps in a row.
+// The loss scale of a pipeline's steps (pipeline_options::loss_scale, which states the rules):
+// torch.cuda.amp.GradScaler's state machine. The scale is a float, as GradScaler's.
 
 #include <cmath>
 #include <cstdint>

@@ -5,9 +5,7 @@
 // and a step pays one pointer test per stage. pause()/resume() limit it to some steps, clear() drops
 // what it holds. Across processes (reduce::sharded) the pipeline numbers the tower rows globally and
 // gives the file its rank's pid, so that the ranks' files can be loaded together.
-//
-// Times are host steady_clock microseconds since the timeline was made; GPU rows are CUDA event times converted to it.
-// Why: docs/design-notes.md#trace-timeline
+// Why (times on the host clock, GPU rows): docs/design-notes.md#trace-timeline
 
 #include <algorithm>
 #include <atomic>
@@ -135,9 +133,7 @@ class timeline {
 
   double microseconds(clock::time_point t) const { return std::chrono::duration<double, std::micro>(t - origin_).count(); }
   static std::size_t row_index(const std::vector<std::string>& rows, const std::string& row) {
-    std::size_t i = 0;
-    while (i < rows.size() && rows[i] != row) ++i;
-    return i;
+    return static_cast<std::size_t>(std::find(rows.begin(), rows.end(), row) - rows.begin());
   }
 
   clock::time_point origin_;
