@@ -4,13 +4,10 @@
 // device memory itself (comm/nccl.cuh) implements this interface too; for any other group (comm/mpi.hpp,
 // comm/thread_group.hpp) the reducer uses staged_collectives below, which copies through pinned host
 // memory and calls the group's host collectives.
-// Arguments as process_group's, in bytes, on device pointers, ordered after `stream`; each returns once the data has
-// arrived or throws a towerpipe::error by the group's deadline: never a hang.
 // Why: docs/design-notes.md#comm-device_collectives
 
 #include <algorithm>
 #include <cstddef>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,40 +53,37 @@ class staged_collectives final : public device_collectives<typename Executor::st
                             void* recv, const std::vector<std::size_t>& recv_offsets, const std::vector<std::size_t>& recv_bytes,
                             const stream& s, const char* what) override {
     const std::size_t out = extent_of(send_offsets, send_bytes), in = extent_of(recv_offsets, recv_bytes);
-    reserve(out, in);
-    exec_.copy_async(host_out_.get(), send, out, s);
-    exec_.synchronize(s);
-    exec_.host_reads(host_out_.get(), out);
-    exec_.host_writes(host_in_.get(), in);
-    group_.all_to_all(host_out_.get(), send_offsets, send_bytes, host_in_.get(), recv_offsets, recv_bytes, what);
-    exec_.copy_async(recv, host_in_.get(), in, s);
-    exec_.synchronize(s);
+    staged(send, out, recv, in, s, [&](const char* host_send, char* host_recv) {
+      group_.all_to_all(host_send, send_offsets, send_bytes, host_recv, recv_offsets, recv_bytes, what);
+    });
   }
 
   void all_gather_blocks_on_device(const void* mine, void* out, const std::vector<std::size_t>& block_offsets,
                                    const std::vector<std::size_t>& block_bytes, const stream& s, const char* what) override {
     const std::size_t my_bytes = block_bytes[static_cast<std::size_t>(group_.rank())];
-    const std::size_t all = extent_of(block_offsets, block_bytes);
-    reserve(my_bytes, all);
-    exec_.copy_async(host_out_.get(), mine, my_bytes, s);
-    exec_.synchronize(s);
-    exec_.host_reads(host_out_.get(), my_bytes);
-    exec_.host_writes(host_in_.get(), all);
-    group_.all_gather_blocks(host_out_.get(), host_in_.get(), block_offsets, block_bytes, what);
-    exec_.copy_async(out, host_in_.get(), all, s);
-    exec_.synchronize(s);
+    staged(mine, my_bytes, out, extent_of(block_offsets, block_bytes), s, [&](const char* host_mine, char* host_all) {
+      group_.all_gather_blocks(host_mine, host_all, block_offsets, block_bytes, what);
+    });
   }
 
  private:
-  using pinned_owner = typename decltype(std::declval<const Executor&>().pinned_memory())::template owner<char>;
-  void reserve(std::size_t out, std::size_t in) {
+  // `out` bytes of `send` to host memory, the group's collective from there into host memory, `in` bytes of that to `recv`.
+  template <class Collective>
+  void staged(const void* send, std::size_t out, void* recv, std::size_t in, const stream& s, Collective&& collective) {
     if (out > out_bytes_) host_out_ = exec_.pinned_memory().template allocate<char>(out_bytes_ = out);
     if (in > in_bytes_) host_in_ = exec_.pinned_memory().template allocate<char>(in_bytes_ = in);
+    exec_.copy_async(host_out_.get(), send, out, s);
+    exec_.synchronize(s);
+    exec_.host_reads(host_out_.get(), out);
+    exec_.host_writes(host_in_.get(), in);
+    collective(static_cast<const char*>(host_out_.get()), host_in_.get());
+    exec_.copy_async(recv, host_in_.get(), in, s);
+    exec_.synchronize(s);
   }
 
   const Executor& exec_;
   process_group& group_;
-  pinned_owner host_out_, host_in_;
+  typename decltype(std::declval<const Executor&>().pinned_memory())::template owner<char> host_out_, host_in_;
   std::size_t out_bytes_ = 0, in_bytes_ = 0;
 };
 

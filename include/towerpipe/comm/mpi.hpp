@@ -102,19 +102,12 @@ class mpi_process_group final : public process_group {
     exchange(receives, sends, data_tag, what);
   }
 
+  // An all-to-all in which this rank sends every rank its own block.
   void all_gather_blocks(const char* mine, char* out, const std::vector<std::size_t>& block_offsets,
                          const std::vector<std::size_t>& block_bytes, const char* what) override {
-    enter(what);
-    const auto me = static_cast<std::size_t>(rank_);
-    std::vector<transfer> receives, sends;
-    for (int r = 0; r < size_; ++r) {
-      const auto i = static_cast<std::size_t>(r);
-      if (r == rank_) continue;
-      receives.push_back({r, block_bytes[i] > 0 ? out + block_offsets[i] : nullptr, checked_count(block_bytes[i], what)});
-      sends.push_back({r, block_bytes[me] > 0 ? mine : nullptr, checked_count(block_bytes[me], what)});
-    }
-    if (block_bytes[me] > 0) std::memcpy(out + block_offsets[me], mine, block_bytes[me]);
-    exchange(receives, sends, data_tag, what);
+    const std::vector<std::size_t> at_start(block_bytes.size(), 0),
+        my_bytes(block_bytes.size(), block_bytes[static_cast<std::size_t>(rank_)]);
+    all_to_all(mine, at_start, my_bytes, out, block_offsets, block_bytes, what);
   }
 
  private:

@@ -90,7 +90,6 @@ class nccl_process_group final : public process_group, public device_collectives
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  int device() const { return device_; }
   int device_of_buffers() const override { return device_; }
   std::string describe() const override { return "NCCL, " + std::to_string(size_) + " processes"; }
 

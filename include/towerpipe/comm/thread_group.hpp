@@ -3,7 +3,6 @@
 // process, with mpi_process_group's contract: every rank makes the same collectives in the same order,
 // each completes or throws a towerpipe::error by the deadline, naming the ranks that never arrived;
 // ranks that make different calls all fail, naming the call.
-// Used by the tests (ASan, TSan) and for several pipelines' worth of towers without MPI; a deadline error breaks the group.
 // Why: docs/design-notes.md#comm-thread_group
 
 #include <algorithm>
