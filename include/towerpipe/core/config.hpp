@@ -6,25 +6,14 @@
 #define TOWERPIPE_VERSION_MINOR 1
 #define TOWERPIPE_VERSION_PATCH 0
 
-// Functions that the host loops and the CUDA kernels both call (docs/guide.md, invariant 4).
+// TOWERPIPE_HOST_DEVICE: on functions that the host loops and the CUDA kernels both call (docs/guide.md, invariant 4).
+// TOWERPIPE_EXEC_CHECK_DISABLE: placed before a __host__ __device__ template that calls a functor supplied by its
+// caller: nvcc then accepts host-only functors when the template is instantiated for the host (as Thrust and CUB do).
 #if defined(__CUDACC__)
 #define TOWERPIPE_HOST_DEVICE __host__ __device__
-#else
-#define TOWERPIPE_HOST_DEVICE
-#endif
-
-// True when the translation unit is compiled by nvcc and may use the CUDA runtime and device backends.
-#if defined(__CUDACC__)
-#define TOWERPIPE_HAS_CUDA() 1
-#else
-#define TOWERPIPE_HAS_CUDA() 0
-#endif
-
-// Placed before a __host__ __device__ template that calls a functor supplied by its caller: nvcc then
-// accepts host-only functors when the template is instantiated for the host (as Thrust and CUB do).
-#if defined(__CUDACC__)
 #define TOWERPIPE_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
 #else
+#define TOWERPIPE_HOST_DEVICE
 #define TOWERPIPE_EXEC_CHECK_DISABLE
 #endif
 

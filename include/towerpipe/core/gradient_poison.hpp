@@ -8,35 +8,24 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "towerpipe/core/half_types.hpp"
 
 namespace towerpipe {
 namespace detail {
 
+template <class Bits, Bits Pattern>
+struct poison_pattern {
+  using bits_type = Bits;
+  static constexpr Bits bits = Pattern;
+};
 template <class T>
 struct gradient_poison;
-template <>
-struct gradient_poison<float> {
-  using bits_type = std::uint32_t;
-  static constexpr bits_type bits = 0x7F80DEADu;  // exponent all ones, quiet bit clear, payload 0xDEAD
-};
-template <>
-struct gradient_poison<double> {
-  using bits_type = std::uint64_t;
-  static constexpr bits_type bits = 0x7FF0DEADDEADDEADull;
-};
-template <>
-struct gradient_poison<bfloat16> {
-  using bits_type = std::uint16_t;
-  static constexpr bits_type bits = 0x7FADu;  // quiet bit (0x40) clear, payload 0x2D
-};
-template <>
-struct gradient_poison<float16> {
-  using bits_type = std::uint16_t;
-  static constexpr bits_type bits = 0x7CADu;  // quiet bit (0x200) clear, payload 0xAD
-};
+// float: exponent all ones, quiet bit clear, payload 0xDEAD.
+template <> struct gradient_poison<float> : poison_pattern<std::uint32_t, 0x7F80DEADu> {};
+template <> struct gradient_poison<double> : poison_pattern<std::uint64_t, 0x7FF0DEADDEADDEADull> {};
+template <> struct gradient_poison<bfloat16> : poison_pattern<std::uint16_t, 0x7FADu> {};  // quiet bit (0x40) clear, payload 0x2D
+template <> struct gradient_poison<float16> : poison_pattern<std::uint16_t, 0x7CADu> {};  // quiet bit (0x200) clear, payload 0xAD
 
 template <class T>
 T poison_value() {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "towerpipe/core/config.hpp"
 
@@ -82,15 +83,7 @@ struct float16 {
 
 template <class T>
 struct master_type {
-  using type = T;
-};
-template <>
-struct master_type<bfloat16> {
-  using type = float;
-};
-template <>
-struct master_type<float16> {
-  using type = float;
+  using type = std::conditional_t<std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>, float, T>;
 };
 template <class T>
 using master_type_t = typename master_type<T>::type;
