@@ -25,14 +25,9 @@ namespace towerpipe {
 enum class dtype { float32, float64, int32, int64, uint8 };
 
 inline const char* to_string(dtype type) {
-  switch (type) {
-    case dtype::float32: return "float32";
-    case dtype::float64: return "float64";
-    case dtype::int32: return "int32";
-    case dtype::int64: return "int64";
-    case dtype::uint8: return "uint8";
-  }
-  return "unknown dtype";
+  static const char* const names[] = {"float32", "float64", "int32", "int64", "uint8"};  // in dtype's order
+  const auto index = static_cast<std::size_t>(type);
+  return index < std::size(names) ? names[index] : "unknown dtype";
 }
 
 namespace detail {

@@ -2,7 +2,6 @@
 // layout::flat<T> — one arena per role; variable i is a view at a 256-byte-aligned offset.
 // Same buffer interface as layout::per_variable (see there); additionally arena()/arena_size() give the
 // whole role as one range (padding included, zero-initialised) for sweeps that need no table.
-// buffer<Memory, U> holds U instead of T (mixed precision: fp32 master and state beside bf16 towers).
 
 #include <cstddef>
 #include <vector>

@@ -6,7 +6,6 @@
 //   v = beta2 * v + (1 - beta2) * g * g                        state slot 1
 //   p = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
-// Constants computed once per step on the host in double (every backend uses the same); interface: optim/sgd.hpp.
 // Why: docs/design-notes.md#optim-adam
 
 #include <cmath>
