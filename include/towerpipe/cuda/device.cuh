@@ -115,8 +115,6 @@ class cuda_event {
   cuda_event& operator=(cuda_event&&) = delete;
 
   cudaEvent_t get() const { return event_; }
-  void record(const cuda_stream& stream) const { TOWERPIPE_CUDA_CHECK(cudaEventRecord(event_, stream.get())); }
-  void synchronize() const { TOWERPIPE_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
  private:
   int device_;

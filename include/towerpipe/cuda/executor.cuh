@@ -5,7 +5,9 @@
 // checks (host_reads, host_writes, stream_host_access) cost nothing here.
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
+#include <chrono>
 #include <cstddef>
 #include <set>
 #include <utility>
@@ -13,14 +15,12 @@
 
 #include "towerpipe/cuda/check.cuh"
 #include "towerpipe/cuda/device.cuh"
-#include "towerpipe/cuda/device_clock.cuh"
 #include "towerpipe/cuda/find_first.cuh"
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
-#include "towerpipe/cuda/nvtx.cuh"
 #include "towerpipe/cuda/screen_kernel.cuh"
-#include "towerpipe/cuda/topology.cuh"
 #include "towerpipe/kernels/operands.hpp"
+#include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {
 namespace detail {
@@ -35,15 +35,41 @@ class cuda_executor {
   template <class T>
   using pointer_table = device_pointer_table<T>;
   using screen = device_screen;
-  using clock = device_clock;
   using find_scratch = first_equal_scratch;
   class device_guard : public detail::device_guard {
    public:
     device_guard(const cuda_executor&, int device) : detail::device_guard(device) {}
   };
-  class range : public nvtx_range {
+  // An NVTX range around a pipeline stage, so that Nsight Systems shows it beside the kernels (NVTX 3 is header-only
+  // and costs next to nothing when no tool is attached).
+  class range {
    public:
-    range(const cuda_executor&, const char* name) : nvtx_range(name) {}
+    range(const cuda_executor&, const char* name) { nvtxRangePushA(name); }
+    ~range() { nvtxRangePop(); }
+    range(const range&) = delete;
+    range& operator=(const range&) = delete;
+  };
+  // Device event times on the host clock: an event that a device completed at a known host time is the origin; any
+  // later timing event recorded on that device converts to host time through the elapsed time between the two (towers
+  // on different devices share no device clock).
+  class clock {
+   public:
+    // Records the origin on `stream` and waits for it: call once, before the work to be timed.
+    clock(const cuda_executor& exec, int device, const cuda_stream& stream) : origin_(device, true) {
+      exec.record(origin_, stream);
+      exec.synchronize(origin_);
+      origin_host_ = timeline::clock::now();
+    }
+
+    // The host time at which `event` (a completed timing event of this device) happened.
+    timeline::clock::time_point host_time(const cuda_event& event) const {
+      return origin_host_ + std::chrono::duration_cast<timeline::clock::duration>(
+                                std::chrono::duration<double>(detail::seconds_between(origin_, event)));
+    }
+
+   private:
+    cuda_event origin_;
+    timeline::clock::time_point origin_host_;
   };
 
   cuda_executor() = default;
@@ -55,7 +81,26 @@ class cuda_executor {
   cuda_pinned_memory pinned_memory() const { return {}; }
 
   int device_count() const { return cuda_device_count(); }
-  std::set<std::pair<int, int>> enable_peer_access(const std::vector<int>& devices) const { return detail::enable_peer_access(devices); }
+  // Enables peer access between every pair of distinct devices that allows it; returns the pairs (a, b) where a can
+  // read and write b's memory directly.
+  std::set<std::pair<int, int>> enable_peer_access(const std::vector<int>& devices) const {
+    std::set<std::pair<int, int>> peers;
+    const std::set<int> distinct(devices.begin(), devices.end());
+    for (int a : distinct) {
+      for (int b : distinct) {
+        if (a == b) continue;
+        int can = 0;
+        TOWERPIPE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+        if (!can) continue;
+        const detail::device_guard on(a);
+        const cudaError_t status = cudaDeviceEnablePeerAccess(b, 0);
+        if (status == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+        else TOWERPIPE_CUDA_CHECK(status);
+        peers.insert({a, b});
+      }
+    }
+    return peers;
+  }
   bool native_peer_atomics(int a, int b) const {
     int atomics = 0;
     TOWERPIPE_CUDA_CHECK(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, a, b));
@@ -91,11 +136,22 @@ class cuda_executor {
   }
   template <class U>
   void fill_async(U* dst, std::size_t count, U value, const stream& s) const {
-    launch_fill(dst, count, value, s);
+    if (count == 0) return;
+    fill_kernel<<<grid_for(count), fill_threads, 0, s.get()>>>(dst, count, value);
+    TOWERPIPE_CUDA_CHECK(cudaGetLastError());
   }
+  // Waits for the stream: the index of the first element equal to `value`, or count.
   template <class U>
   std::size_t find_first(const U* data, std::size_t count, U value, const stream& s, const find_scratch& scratch) const {
-    return launch_find_first(data, count, value, s, scratch);
+    if (count == 0) return 0;
+    TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(scratch.device(), 0xFF, sizeof(unsigned long long), s.get()));
+    first_equal_kernel<<<grid_for(count), fill_threads, 0, s.get()>>>(data, count, value, scratch.device());
+    TOWERPIPE_CUDA_CHECK(cudaGetLastError());
+    TOWERPIPE_CUDA_CHECK(
+        cudaMemcpyAsync(scratch.host(), scratch.device(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, s.get()));
+    TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+    const unsigned long long first = *scratch.host();
+    return first == ~0ull ? count : static_cast<std::size_t>(first);
   }
 
   void copy_to_device_now(void* dst, const void* src, std::size_t bytes) const { detail::copy_to_device_now(dst, src, bytes); }

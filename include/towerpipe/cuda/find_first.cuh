@@ -1,7 +1,7 @@
 #pragma once
-// Filling a buffer with a value and finding the first element equal to one, on a stream: what
-// pipeline_options::poison_gradients does on GPU towers (core/gradient_poison.hpp has the pattern). The
-// search keeps its result in a scratch word allocated once (first_equal_scratch), so that it never
+// The kernels of cuda_executor::fill_async and find_first (filling a buffer with a value, finding the first element
+// equal to one): what pipeline_options::poison_gradients does on GPU towers (core/gradient_poison.hpp has the
+// pattern). The search keeps its result in a scratch word allocated once (first_equal_scratch), so that it never
 // allocates on the device during a step: a cudaFree would synchronise the whole device from a tower's
 // thread, serialising the other towers and any bucket pass in flight.
 
@@ -9,8 +9,6 @@
 
 #include <cstddef>
 
-#include "towerpipe/cuda/check.cuh"
-#include "towerpipe/cuda/device.cuh"
 #include "towerpipe/cuda/memory.cuh"
 
 namespace towerpipe {
@@ -52,26 +50,6 @@ class first_equal_scratch {
 inline unsigned grid_for(std::size_t count) {
   const std::size_t blocks = (count + fill_threads - 1) / fill_threads;
   return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
-}
-
-template <class U>
-void launch_fill(U* data, std::size_t count, U value, const cuda_stream& stream) {
-  if (count == 0) return;
-  fill_kernel<<<grid_for(count), fill_threads, 0, stream.get()>>>(data, count, value);
-  TOWERPIPE_CUDA_CHECK(cudaGetLastError());
-}
-
-// Waits for the stream: the index of the first element equal to `value`, or count.
-template <class U>
-std::size_t launch_find_first(const U* data, std::size_t count, U value, const cuda_stream& stream, const first_equal_scratch& scratch) {
-  if (count == 0) return 0;
-  TOWERPIPE_CUDA_CHECK(cudaMemsetAsync(scratch.device(), 0xFF, sizeof(unsigned long long), stream.get()));
-  first_equal_kernel<<<grid_for(count), fill_threads, 0, stream.get()>>>(data, count, value, scratch.device());
-  TOWERPIPE_CUDA_CHECK(cudaGetLastError());
-  TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(scratch.host(), scratch.device(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream.get()));
-  TOWERPIPE_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-  const unsigned long long first = *scratch.host();
-  return first == ~0ull ? count : static_cast<std::size_t>(first);
 }
 
 }  // namespace detail
