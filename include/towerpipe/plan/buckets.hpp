@@ -83,6 +83,7 @@ inline bucket_plan make_bucket_plan(const variable_set& variables, const gradien
         bytes = 0;
       }
       plan.buckets.back().push_back(v);
+      plan.bucket_of[v] = plan.buckets.size() - 1;
       bytes += size;
     }
   } else {
@@ -101,9 +102,6 @@ inline bucket_plan make_bucket_plan(const variable_set& variables, const gradien
       }
     }
   }
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    for (std::size_t v : plan.buckets[b]) plan.bucket_of[v] = b;
-  }
   for (std::size_t v = 0; v < variables.count(); ++v) {
     if (plan.bucket_of[v] == no_bucket)
       fail("pipeline_options::buckets.groups leave out variable '", variables[v].name, "': each variable belongs to one bucket");
@@ -120,8 +118,6 @@ class bucket_readiness {
         complete_(std::make_unique<std::atomic<std::size_t>[]>(plan.count())) {
     reset();
   }
-
-  const bucket_plan& plan() const { return plan_; }
 
   void reset() {
     for (std::vector<std::size_t>& missing : missing_) {

@@ -85,12 +85,12 @@ class exchange_plan {
     std::vector<std::size_t> offsets, bytes;
   };
   // The whole exchange.
-  blocks send_blocks(std::size_t value_bytes) const { return send_pieces(value_bytes, 0, buckets_); }
-  blocks receive_blocks(std::size_t value_bytes) const { return receive_pieces(value_bytes, 0, buckets_); }
+  blocks send_blocks(std::size_t value_bytes) const { return pieces(true, value_bytes, 0, buckets_); }
+  blocks receive_blocks(std::size_t value_bytes) const { return pieces(false, value_bytes, 0, buckets_); }
   // Bucket `bucket`'s exchange only.
-  blocks send_blocks(std::size_t value_bytes, std::size_t bucket) const { return send_pieces(value_bytes, bucket, bucket + 1); }
+  blocks send_blocks(std::size_t value_bytes, std::size_t bucket) const { return pieces(true, value_bytes, bucket, bucket + 1); }
   blocks receive_blocks(std::size_t value_bytes, std::size_t bucket) const {
-    return receive_pieces(value_bytes, bucket, bucket + 1);
+    return pieces(false, value_bytes, bucket, bucket + 1);
   }
   blocks gather_blocks(std::size_t value_bytes) const {
     blocks b;
@@ -148,21 +148,13 @@ class exchange_plan {
     return pointers;
   }
 
-  // Buckets [from, to): owner r's part of the send buffer, and what this process receives from process r.
-  blocks send_pieces(std::size_t value_bytes, std::size_t from, std::size_t to) const {
+  // Buckets [from, to), per process r: `send`, owner r's part of the send buffer; else what this process receives from r.
+  blocks pieces(bool send, std::size_t value_bytes, std::size_t from, std::size_t to) const {
     blocks b;
     for (int r = 0; r < processes(); ++r) {
-      const bucketed_slice& piece = bucketed_slices_[static_cast<std::size_t>(r)];
-      b.offsets.push_back(contributions_ * (first(r) + piece.first[from]) * value_bytes);
-      b.bytes.push_back(contributions_ * (piece.first[to] - piece.first[from]) * value_bytes);
-    }
-    return b;
-  }
-  blocks receive_pieces(std::size_t value_bytes, std::size_t from, std::size_t to) const {
-    const bucketed_slice& piece = bucketed_slices_[static_cast<std::size_t>(rank_)];
-    blocks b;
-    for (int r = 0; r < processes(); ++r) {
-      b.offsets.push_back(contributions_ * (static_cast<std::size_t>(r) * mine().stored_elements + piece.first[from]) * value_bytes);
+      const bucketed_slice& piece = bucketed_slices_[static_cast<std::size_t>(send ? r : rank_)];
+      const std::size_t block = send ? first(r) : static_cast<std::size_t>(r) * mine().stored_elements;
+      b.offsets.push_back(contributions_ * (block + piece.first[from]) * value_bytes);
       b.bytes.push_back(contributions_ * (piece.first[to] - piece.first[from]) * value_bytes);
     }
     return b;
