@@ -130,8 +130,7 @@ struct fused_apply_agent {
   }
 };
 
-// Where the p2p tree's operands lie as one tower reads them (role = tower): raw gradients and partial sums (the same
-// buffers in full precision; with 16-bit towers T buffers of their own, so that no edge rounds the canonical sum).
+// Where the p2p tree's operands lie as one tower reads them (role = tower): raw gradients and partial sums.
 template <class T, class Stored = T>
 struct tree_operands {
   pointer_table<const Stored> raw;

@@ -5,9 +5,6 @@
 //   rows_sum_source     an owner's canonical sum over the contributions every process sent it;
 //   rows_apply_agent    that sum and the optimizer, fused.
 // Plain C++ (usable without nvcc): the simulated executor runs them on the host.
-//
-// Rows are per-process partials (L a power of two: subtrees of the global tree) or per-tower products; either way the
-// owner's canonical_tree_reduce over its rows in global order gives one process's bits.
 // Why: docs/design-notes.md#kernels-process_agents
 
 #include <cstddef>
@@ -28,8 +25,7 @@ TOWERPIPE_EXACT_ARITHMETIC_BEGIN
 namespace towerpipe {
 namespace detail {
 
-// This process's contributions into the send buffer's rows (with `partial`, row 0 the local canonical sum; else row t
-// tower t's w_t * g_t). A checked step screens each raw value under its global tower index. Stored widens exactly to T.
+// This process's rows of the send buffer: with `partial`, row 0 the local canonical sum; else row t tower t's w_t * g_t.
 template <class T, class Stored = T>
 struct contribution_agent {
   using value_type = T;

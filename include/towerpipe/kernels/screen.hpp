@@ -1,8 +1,6 @@
 #pragma once
 // The gradient screen: the first pass of a checked step. It writes the canonical average of the towers' gradients into
 // a buffer and measures it: its first non-finite value (and the lowest tower at fault) and its sum of squares.
-// Norm order: tiles of screen_tile_elements, 32 lanes, a pairwise tree; the host and the device (cuda/screen_kernel.cuh)
-// must keep it identical, as the norm is bitwise equal everywhere.
 // Why: docs/design-notes.md#kernels-screen
 // Plain C++; TOWERPIPE_HOST_DEVICE marks what kernels call.
 

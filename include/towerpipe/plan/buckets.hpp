@@ -1,9 +1,6 @@
 #pragma once
 // Gradient buckets: the groups of variables a step reduces as soon as every tower has marked them ready
 // (tower_context::gradient_ready, exec/tower_context.hpp), while the towers' backward passes go on.
-//
-// Bitwise the unbucketed step (the canonical order is per element). Exactly one mark hands each bucket over: the one
-// that sees its count of complete towers reach the tower count.
 // Why: docs/design-notes.md#plan-buckets
 // Plain C++.
 
@@ -109,7 +106,7 @@ inline bucket_plan make_bucket_plan(const variable_set& variables, const gradien
   return plan;
 }
 
-// One step's readiness (see the top). mark() is called from the marking tower's thread; reset() between
+// One step's readiness. mark() is called from the marking tower's thread; reset() between
 // steps, by the thread that runs them.
 class bucket_readiness {
  public:

@@ -4,9 +4,6 @@
 // Definition: start with s_i = w_i * g_i; in round r = 0, 1, ..., every i divisible by 2^(r+1) with
 // i + 2^r < N does s_i = s_i + s_(i + 2^r); the result is s_0. This is the p2p tree's own order, so a
 // tree of devices can follow it without extra traffic.
-//
-// canonical_tree_reduce: one left-to-right pass with a stack of at most canonical_slots(N) partials; the left operand
-// of every addition is the partial of lower tower index.
 // Why: docs/design-notes.md#plan-canonical_order
 
 #include <cstddef>

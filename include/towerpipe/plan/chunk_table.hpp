@@ -1,8 +1,6 @@
 #pragma once
 // The multi-tensor work list: a table of chunks that covers every element of every variable exactly once,
-// built once at construction, and the pointer tables that locate each (role, variable). Both layouts use
-// the same tables: variable v of role r lives at pointer_table.at(r, v) (layout::flat: consecutive, in one arena).
-// Chunks start on multiples of chunk_elements of 256-byte-aligned variables, so vector loads inside a chunk stay aligned.
+// built once at construction, and the pointer tables that locate each (role, variable), for both layouts.
 // Why: docs/design-notes.md#plan-chunk_table
 
 #include <algorithm>
@@ -148,8 +146,7 @@ std::vector<T*> gather_pointers(const std::vector<Buffer*>& roles) {
   return pointers;
 }
 
-// What a vectorised kernel assumes of a pointer table: every chunk's first element aligned for one vector (CUB's
-// vector store does not check), checked here on the host where a table is built.
+// What a vectorised kernel assumes of a pointer table: every chunk's first element aligned for one vector.
 template <class T>
 void check_vector_aligned(const std::vector<T*>& pointers, std::size_t variables, const std::vector<tensor_chunk>& chunks,
                           std::size_t vector_bytes, const char* what) {

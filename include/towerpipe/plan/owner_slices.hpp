@@ -4,8 +4,6 @@
 // optimizer state, of a checked step's average): reduce::sharded for GPU towers gives tower t's device
 // slice t, and across processes (plan/exchange_plan.hpp, host or GPU towers) process r slice r.
 // Plain C++.
-// A slice is whole chunks (so each screen tile has one owner); compact storage starts each range on a multiple of
-// stored_alignment elements (padded, never shifted), so the slices in owner order are padded_flat_starts' buffer.
 // Why: docs/design-notes.md#plan-owner_slices
 
 #include <cstddef>
