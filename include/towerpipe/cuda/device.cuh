@@ -121,12 +121,5 @@ class cuda_event {
   cudaEvent_t event_ = nullptr;
 };
 
-// Milliseconds between two timing events recorded on one device, converted to seconds.
-inline double seconds_between(const cuda_event& start, const cuda_event& end) {
-  float milliseconds = 0;
-  TOWERPIPE_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start.get(), end.get()));
-  return milliseconds * 1e-3;
-}
-
 }  // namespace detail
 }  // namespace towerpipe

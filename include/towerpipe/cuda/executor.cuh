@@ -64,7 +64,7 @@ class cuda_executor {
     // The host time at which `event` (a completed timing event of this device) happened.
     timeline::clock::time_point host_time(const cuda_event& event) const {
       return origin_host_ + std::chrono::duration_cast<timeline::clock::duration>(
-                                std::chrono::duration<double>(detail::seconds_between(origin_, event)));
+                                std::chrono::duration<double>(seconds_between(origin_, event)));
     }
 
    private:
@@ -115,7 +115,12 @@ class cuda_executor {
     const detail::device_guard on(device);
     TOWERPIPE_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  double seconds_between(const event& start, const event& end) const { return detail::seconds_between(start, end); }
+  // Milliseconds between two timing events recorded on one device, converted to seconds.
+  static double seconds_between(const event& start, const event& end) {
+    float milliseconds = 0;
+    TOWERPIPE_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start.get(), end.get()));
+    return milliseconds * 1e-3;
+  }
 
   void copy_async(void* dst, const void* src, std::size_t bytes, const stream& s) const {
     TOWERPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.get()));
