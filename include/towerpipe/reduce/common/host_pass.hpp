@@ -211,7 +211,9 @@ class host_optimizer_pass {
         const std::size_t count = std::min(host_reduce_policy::block_elements, work.first + work.count - begin);
         master_type scratch[32][host_reduce_policy::block_elements];
         canonical_block_sum(static_cast<int>(sources.size()), count, scratch, [&](int tower, master_type* out) {
-          weigh_block(weights[static_cast<std::size_t>(tower)], sources[static_cast<std::size_t>(tower)] + begin, count, out);
+          const master_type* g = sources[static_cast<std::size_t>(tower)] + begin;
+          const master_type w = weights[static_cast<std::size_t>(tower)];
+          for (std::size_t k = 0; k < count; ++k) out[k] = rounded_mul(w, g[k]);  // no finiteness check: hot path
         });
         master_type* const p = parameters.data(v) + begin;
         master_type* slots[Optim::max_state_slots > 0 ? Optim::max_state_slots : 1] = {};
