@@ -9,9 +9,7 @@
 #include <memory>
 #include <string>
 #include <utility>
-#include <tuple>
 #include <type_traits>
-#include <variant>
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
@@ -26,6 +24,7 @@
 #include "towerpipe/reduce/choice/host_space.hpp"
 #include "towerpipe/reduce/choice/tuner.hpp"
 #include "towerpipe/reduce/common/contract.hpp"
+#include "towerpipe/reduce/common/one_of.hpp"
 #include "towerpipe/reduce/common/reducer_for.hpp"
 
 namespace towerpipe {
@@ -48,7 +47,7 @@ class automatic_reducer {
  public:
   using towers_type = typename Exec::template towers<Layout>;
   using T = typename precision<Layout>::master_type;
-  using candidate = std::variant<std::unique_ptr<typename reducer_for<Exec, Candidates, Optim, Layout>::type>...>;
+  using candidate = one_of<typename reducer_for<Exec, Candidates, Optim, Layout>::type...>;
   static constexpr reducer_capabilities capabilities{
       (reducer_for<Exec, Candidates, Optim, Layout>::type::capabilities.spans_processes || ...), false, true};
 
@@ -80,50 +79,43 @@ class automatic_reducer {
   backend_choice choice() const { return choice_; }
   // While timing every bucket waits for the towers: the trials take the whole step.
   bool buckets_during_towers() const {
-    return !tuner_ && std::visit([](auto& r) { return r->buckets_during_towers(); }, chosen_);
+    return !tuner_ && chosen_.buckets_during_towers();
   }
   void begin_step(towers_type& towers, const step_work<T, Optim>& work) {
-    if (!tuner_) return std::visit([&](auto& r) { r->begin_step(towers, work); }, chosen_);
+    if (!tuner_) return chosen_.begin_step(towers, work);
     work_ = work;
   }
   void reduce_part(towers_type& towers, const step_part& part) {
-    if (!tuner_) return std::visit([&](auto& r) { r->reduce_part(towers, part); }, chosen_);
+    if (!tuner_) return chosen_.reduce_part(towers, part);
     if (part.during_towers() || part.variables.size() != variables_.count())
       fail("reduce::automatic: timing the backends takes whole steps; a part of ", part.variables.size(), " of ",
            variables_.count(), " variables was handed over");
   }
   screen_partials finish(towers_type& towers, stage_seconds& stages) {
-    if (!tuner_) return std::visit([&](auto& r) { return r->finish(towers, stages); }, chosen_);
+    if (!tuner_) return chosen_.finish(towers, stages);
     if (work_.checked) return tuner_->screen(towers, work_);
-    keep_fastest(tuner_->time(towers, true, [&](auto& r, stage_seconds& s) {
-      r.begin_step(towers, work_);
-      r.reduce_part(towers, step_part{every_variable(variables_.count()), no_bucket});
-      r.finish(towers, s);
-    }), stages);
+    keep_fastest(tuner_->time(towers, true, [&](candidate& r, stage_seconds& s) { tuner_->whole_step(r, towers, work_, s); }),
+                 stages);
     return {};
   }
   void apply(towers_type& towers, T scale, stage_seconds& stages) {
-    if (!tuner_) return std::visit([&](auto& r) { r->apply(towers, scale, stages); }, chosen_);
-    keep_fastest(tuner_->time(towers, false, [&](auto& r, stage_seconds& s) { r.apply(towers, scale, s); }), stages);
+    if (!tuner_) return chosen_.apply(towers, scale, stages);
+    keep_fastest(tuner_->time(towers, false, [&](candidate& r, stage_seconds& s) { r.apply(towers, scale, s); }), stages);
   }
   void abandon(towers_type& towers) {
     for_each_live([&](auto& r) { r.abandon(towers); });
   }
 
-  std::size_t state_slots() const { return with_chosen([](auto& r) { return r.state_slots(); }); }
-  tensor_view<const T> state(std::size_t slot, std::size_t index) {
-    return with_chosen([&](auto& r) { return tensor_view<const T>(r.state(slot, index)); });
-  }
+  std::size_t state_slots() const { return chosen().state_slots(); }
+  tensor_view<const T> state(std::size_t slot, std::size_t index) { return chosen().state(slot, index); }
   void set_state(std::size_t slot, std::size_t index, const T* values) {
     for_each_live([&](auto& r) { r.set_state(slot, index, values); });
   }
-  tensor_view<const T> master(std::size_t index) {
-    return with_chosen([&](auto& r) { return tensor_view<const T>(r.master(index)); });
-  }
+  tensor_view<const T> master(std::size_t index) { return chosen().master(index); }
   void set_master(std::size_t index, const T* values) {
     for_each_live([&](auto& r) { r.set_master(index, values); });
   }
-  std::vector<std::size_t> state_bytes_per_tower() const { return with_chosen([](auto& r) { return r.state_bytes_per_tower(); }); }
+  std::vector<std::size_t> state_bytes_per_tower() const { return chosen().state_bytes_per_tower(); }
 
  private:
   using tuner_type = backend_tuner<towers_type, Optim, Layout, candidate>;
@@ -136,31 +128,26 @@ class automatic_reducer {
   }
   template <std::size_t I = 0>
   static candidate make_candidate(std::size_t index, const reducer_setup<towers_type, Optim>& setup) {
-    using types = std::tuple<Candidates...>;
     if constexpr (I + 1 < sizeof...(Candidates)) {
       if (index != I) return make_candidate<I + 1>(index, setup);
     }
-    using reducer = typename reducer_for<Exec, std::tuple_element_t<I, types>, Optim, Layout>::type;
-    return candidate(std::in_place_index<I>, std::make_unique<reducer>(setup));
+    return candidate::template make<I>(setup);
   }
 
   // The chosen candidate; while timing, the one the rule chose (every candidate holds the same state).
-  template <class F>
-  decltype(auto) with_chosen(F&& f) const {
-    const candidate& c = tuner_ ? tuner_->candidates()[index_of(choice_.backend)] : chosen_;
-    return std::visit([&](auto& r) -> decltype(auto) { return f(*r); }, c);
-  }
+  const candidate& chosen() const { return tuner_ ? tuner_->candidates()[index_of(choice_.backend)] : chosen_; }
+  candidate& chosen() { return const_cast<candidate&>(std::as_const(*this).chosen()); }
   template <class F>
   void for_each_live(F&& f) {
-    if (!tuner_) return std::visit([&](auto& r) { f(*r); }, chosen_);
-    for (candidate& c : tuner_->candidates()) std::visit([&](auto& r) { f(*r); }, c);
+    if (!tuner_) return chosen_.visit(f);
+    for (candidate& c : tuner_->candidates()) c.visit(f);
   }
 
   // Every trial began where the step began and all gave the same bits, so each candidate holds this
   // step's result: the fastest stays, the others go.
   void keep_fastest(const stage_seconds& fastest_stages, stage_seconds& stages) {
     const std::size_t best = tuner_->fastest();
-    choice_ = {std::visit([](auto& r) { return r->choice().backend; }, tuner_->candidates()[best]),
+    choice_ = {tuner_->candidates()[best].choice().backend,
                make_message("timed on this machine's first step (median of ", tuner_->trials(), "; bitwise equal): ", tuner_->timings(),
                             "; the rule alone chose reduce::", choice_.backend, " (", choice_.reason, ")")};
     chosen_ = std::move(tuner_->candidates()[best]);

@@ -1,9 +1,6 @@
 #pragma once
 // backend_tuner — pipeline_options::time_backends for reduce::automatic (reduce/choice/automatic.hpp): every
 // candidate built, timed on the first step that applies the optimizer, the fastest kept.
-//
-// Each trial starts from what the step began with; every candidate's first result must equal the first candidate's bit
-// for bit (else a towerpipe::error naming both); the fastest by median is kept and the step counts once.
 // Why: docs/design-notes.md#reduce-choice-tuner
 
 #include <algorithm>
@@ -12,7 +9,6 @@
 #include <memory>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "towerpipe/core/error.hpp"
@@ -28,11 +24,10 @@ namespace detail {
 template <class Towers>
 struct automatic_space;
 
-// Candidate: a std::variant of std::unique_ptr to each candidate's reducer (all alive while timing).
+// Candidate: a one_of (reduce/common/one_of.hpp) of the candidates' reducers (all alive while timing).
 template <class Towers, class Optim, class Layout, class Candidate>
 class backend_tuner {
  public:
-  using stored_type = typename precision<Layout>::stored_type;
   using T = typename precision<Layout>::master_type;
   using work_type = step_work<T, Optim>;
 
@@ -45,14 +40,13 @@ class backend_tuner {
   // the device trees add into them); the screens must agree.
   screen_partials screen(Towers& towers, const work_type& work) {
     take_snapshot(towers);
-    seconds_.assign(candidates_.size(), {});
     screen_partials reference;
     guarded(towers, [&] {
       for (std::size_t trial = 0; trial < trials_; ++trial) {
         for (std::size_t i = 0; i < candidates_.size(); ++i) {
           gradients_->restore(towers);
           stage_seconds s;
-          const screen_partials mine = whole_step(i, towers, work, s);
+          const screen_partials mine = whole_step(candidates_[i], towers, work, s);
           seconds_[i].push_back(s.reduce + s.broadcast);
           if (trial != 0) continue;
           if (i == 0) {
@@ -75,7 +69,6 @@ class backend_tuner {
   stage_seconds time(Towers& towers, bool fresh, Pass&& pass) {
     if (fresh) {
       take_snapshot(towers);
-      seconds_.assign(candidates_.size(), {});
     } else if (!screened_) {
       fail("reduce::automatic: apply while timing needs the screen of the same step first");
     }
@@ -83,15 +76,15 @@ class backend_tuner {
     guarded(towers, [&] {
       for (std::size_t trial = 0; trial < trials_; ++trial) {
         for (std::size_t i = 0; i < candidates_.size(); ++i) {
-          std::visit([&](auto& r) { start_from_snapshot(*r, towers); }, candidates_[i]);
+          start_from_snapshot(candidates_[i], towers);
           stage_seconds s;
-          std::visit([&](auto& r) { pass(*r, s); }, candidates_[i]);
+          pass(candidates_[i], s);
           const double took = s.reduce + s.broadcast;
           if (fresh) seconds_[i].push_back(took);
           else seconds_[i][trial] += took;
           last[i] = s;
           if (trial != 0) continue;
-          step_values mine = std::visit([&](auto& r) { return read_back(*r, towers); }, candidates_[i]);
+          step_values mine = read_back(candidates_[i], towers);
           if (i == 0) reference_ = std::move(mine);
           else compare(i, mine);
         }
@@ -115,25 +108,20 @@ class backend_tuner {
   std::size_t trials() const { return trials_; }
 
   // The whole step through one candidate, as the pipeline drives it: begin, every variable as one part, finish.
-  screen_partials whole_step(std::size_t i, Towers& towers, const work_type& work, stage_seconds& stages) {
-    return std::visit(
-        [&](auto& r) {
-          r->begin_step(towers, work);
-          r->reduce_part(towers, step_part{every_variable_, no_bucket});
-          return r->finish(towers, stages);
-        },
-        candidates_[i]);
+  screen_partials whole_step(Candidate& r, Towers& towers, const work_type& work, stage_seconds& stages) {
+    r.begin_step(towers, work);
+    r.reduce_part(towers, step_part{every_variable_, no_bucket});
+    return r.finish(towers, stages);
   }
 
  private:
   // What a step leaves behind, read back to compare candidates and to start every trial alike.
   struct step_values {
-    std::vector<std::vector<stored_type>> parameters;  // [variable], as the towers hold them
+    std::vector<std::vector<typename precision<Layout>::stored_type>> parameters;  // [variable], as the towers hold them
     std::vector<std::vector<T>> master;                // [variable]; mixed precision only
     std::vector<std::vector<T>> state;                 // [slot * variables + variable]
   };
-  template <class R>
-  step_values read_back(R& r, Towers& towers) const {
+  step_values read_back(Candidate& r, Towers& towers) const {
     step_values values;
     for (std::size_t v = 0; v < variables_.count(); ++v) {
       const auto p = towers.parameter_on_host(v);
@@ -150,8 +138,7 @@ class backend_tuner {
       }
     return values;
   }
-  template <class R>
-  void start_from_snapshot(R& r, Towers& towers) {
+  void start_from_snapshot(Candidate& r, Towers& towers) {
     const std::size_t n = variables_.count();
     for (std::size_t v = 0; v < n; ++v) {
       towers.set_parameter(v, snapshot_.parameters[v].data());
@@ -161,8 +148,10 @@ class backend_tuner {
     for (std::size_t k = 0; k < snapshot_.state.size(); ++k) r.set_state(k / n, k % n, snapshot_.state[k].data());
     gradients_->restore(towers);
   }
+  // What the step began with, and the timings started afresh.
   void take_snapshot(Towers& towers) {
-    snapshot_ = std::visit([&](auto& r) { return read_back(*r, towers); }, candidates_[0]);
+    snapshot_ = read_back(candidates_[0], towers);
+    seconds_.assign(candidates_.size(), {});
     every_variable_ = every_variable(variables_.count());
     if (!gradients_) gradients_ = std::make_unique<typename automatic_space<Towers>::gradient_copy>(variables_, towers);
     gradients_->save(towers);
@@ -173,37 +162,26 @@ class backend_tuner {
     try {
       f();
     } catch (...) {
-      for (Candidate& c : candidates_) std::visit([&](auto& r) { start_from_snapshot(*r, towers); }, c);
+      for (Candidate& c : candidates_) start_from_snapshot(c, towers);
       throw;
     }
   }
 
   static bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-  template <class U>
-  static std::size_t first_difference(const std::vector<U>& a, const std::vector<U>& b) {
-    for (std::size_t k = 0; k < a.size(); ++k)
-      if (std::memcmp(&a[k], &b[k], sizeof(U)) != 0) return k;
-    return a.size();
-  }
-  [[noreturn]] void fail_mismatch(std::size_t other, const char* what, std::size_t variable, std::size_t element) const {
-    fail("reduce::automatic: reduce::", names_[0], " and reduce::", names_[other], " gave different ", what, " for variable '",
-         variables_[variable].name, "' (first at element ", element, ") while timing the backends; the step changed nothing. ",
-         "Every backend should give the same bits: please report this");
-  }
+  // Fails naming the first element where `mine` differs from the first candidate's in bits.
   void compare(std::size_t candidate, const step_values& mine) const {
-    const std::size_t n = variables_.count();
-    for (std::size_t v = 0; v < n; ++v) {
-      const std::size_t k = first_difference(reference_.parameters[v], mine.parameters[v]);
-      if (k < mine.parameters[v].size()) fail_mismatch(candidate, "parameters", v, k);
-    }
-    for (std::size_t v = 0; v < mine.master.size(); ++v) {
-      const std::size_t k = first_difference(reference_.master[v], mine.master[v]);
-      if (k < mine.master[v].size()) fail_mismatch(candidate, "master parameters", v, k);
-    }
-    for (std::size_t s = 0; s < mine.state.size(); ++s) {
-      const std::size_t k = first_difference(reference_.state[s], mine.state[s]);
-      if (k < mine.state[s].size()) fail_mismatch(candidate, "optimizer state", s % n, k);
-    }
+    const auto check = [&](const auto& reference, const auto& values, const char* what) {
+      for (std::size_t k = 0; k < values.size(); ++k)  // k: [variable], or [slot * variables + variable]
+        for (std::size_t e = 0; e < values[k].size(); ++e)
+          if (std::memcmp(&reference[k][e], &values[k][e], sizeof values[k][e]) != 0)
+            fail("reduce::automatic: reduce::", names_[0], " and reduce::", names_[candidate], " gave different ", what,
+                 " for variable '", variables_[k % variables_.count()].name, "' (first at element ", e,
+                 ") while timing the backends; the step changed nothing. Every backend should give the same bits: ",
+                 "please report this");
+    };
+    check(reference_.parameters, mine.parameters, "parameters");
+    check(reference_.master, mine.master, "master parameters");
+    check(reference_.state, mine.state, "optimizer state");
   }
   static double median_of(std::vector<double> values) {
     std::sort(values.begin(), values.end());
