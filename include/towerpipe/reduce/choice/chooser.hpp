@@ -1,7 +1,6 @@
 #pragma once
 // choose_backend(tower_topology) — which reduction backend reduce::automatic runs, and why, from a described topology
-// (plain C++, tested with topologies no machine here has). Every backend gives the same bits, so only time counts;
-// ties go to the earlier backend in reduce/choice/backends.hpp; pipeline_options::time_backends measures instead.
+// (plain C++, tested with topologies no machine here has), by rules numbered at the Why.
 // Why: docs/design-notes.md#reduce-choice-chooser
 
 #include <cstddef>
@@ -42,7 +41,7 @@ struct tower_topology {
 
 namespace detail {
 
-// Modelled seconds of one step's exchange and broadcast (rule 4 at the top), per parameter.
+// Modelled seconds of one step's exchange and broadcast (rule 4), per parameter.
 inline double modelled_seconds_per_parameter(const backend_traits& b, const tower_topology& t) {
   const double e = static_cast<double>(t.element_bytes);
   const double links = 2 * b.busiest_link_elements(t.tower_devices) * e / t.link_bytes_per_second;
@@ -74,17 +73,9 @@ inline std::string describe_devices(const tower_topology& t) {
   return make_message(t.tower_devices.size(), " GPU tower(s) (", text, ")");
 }
 
-// The registered backends that span processes, by name, for the refusal.
-inline std::string spanning_backends() {
-  std::string names;
-  for (const backend_traits& b : registered_backends())
-    if (b.spans_processes) names += make_message(names.empty() ? "" : ", ", "reduce::", b.name);
-  return names;
-}
-
 }  // namespace detail
 
-// The backend reduce::automatic runs for `t`, and a sentence that says why (the rules at the top).
+// The backend reduce::automatic runs for `t`, and a sentence that says why (the rules).
 inline backend_choice choose_backend(const tower_topology& t) {
   using detail::make_message;
   if (t.tower_devices.empty()) detail::fail("choose_backend: the topology has no towers");
@@ -98,7 +89,10 @@ inline backend_choice choose_backend(const tower_topology& t) {
     for (const backend_traits& b : t.candidates)
       if (b.spans_processes)
         return {b.name, make_message(t.processes, " processes: reduce::", b.name, " is the only backend that spans processes")};
-    detail::fail("choose_backend: the towers span ", t.processes, " processes, and only ", detail::spanning_backends(),
+    std::string spanning;  // the registered backends that do, by name
+    for (const backend_traits& b : registered_backends())
+      if (b.spans_processes) spanning += make_message(spanning.empty() ? "" : ", ", "reduce::", b.name);
+    detail::fail("choose_backend: the towers span ", t.processes, " processes, and only ", spanning,
                  " spans processes, which these towers do not take");
   }
   if (host_towers) {
