@@ -110,6 +110,13 @@ class thread_pool {
   std::atomic<std::size_t> next_task_{0};
 };
 
+// Rethrows the first of run()'s failures, if any.
+inline void rethrow_first(const std::vector<std::exception_ptr>& failures) {
+  for (const std::exception_ptr& failure : failures) {
+    if (failure) std::rethrow_exception(failure);
+  }
+}
+
 // A thread_pool of the calling thread alone (it starts no thread): for work that must not take the
 // pool's threads (a bucket reduced while the towers run on them).
 struct calling_thread : thread_pool {

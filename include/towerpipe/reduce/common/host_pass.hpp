@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <type_traits>
 #include <vector>
 
@@ -202,7 +201,7 @@ class host_optimizer_pass {
   void run(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
            ParameterBuffer& parameters, const std::vector<master_type>& weights, const constants_type& constants,
            ReplicaBuffer* replica = nullptr) {
-    std::vector<std::exception_ptr> failures = runner.run(chunk_list.size(), [&](std::size_t c) {
+    rethrow_first(runner.run(chunk_list.size(), [&](std::size_t c) {
       const tensor_chunk& work = chunks_[chunk_list[c]];
       const std::size_t v = static_cast<std::size_t>(work.variable);
       std::vector<const master_type*> sources(gradients.size());
@@ -224,10 +223,7 @@ class host_optimizer_pass {
           for (std::size_t k = 0; k < count; ++k) r[k] = narrow<stored_type>(p[k]);
         }
       }
-    });
-    for (const std::exception_ptr& failure : failures) {
-      if (failure) std::rethrow_exception(failure);
-    }
+    }));
   }
 
   // Pass 1 of a checked step for the listed chunks: the canonical average into averaged() (with
@@ -237,7 +233,7 @@ class host_optimizer_pass {
   void screen(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
               const std::vector<master_type>& weights, const accumulation<master_type>& step, screen_partials& partials) {
     std::vector<nonfinite_key> first_in_chunk(chunk_list.size(), no_nonfinite);
-    std::vector<std::exception_ptr> failures = runner.run(chunk_list.size(), [&](std::size_t c) {
+    rethrow_first(runner.run(chunk_list.size(), [&](std::size_t c) {
       const tensor_chunk& work = chunks_[chunk_list[c]];
       const std::size_t v = static_cast<std::size_t>(work.variable);
       std::vector<const stored_type*> sources(gradients.size());
@@ -250,10 +246,7 @@ class host_optimizer_pass {
         partials.tile_sums[tile] = r.sum_of_squares;
         first_in_chunk[c] = std::min(first_in_chunk[c], r.first_nonfinite);
       }
-    });
-    for (const std::exception_ptr& failure : failures) {
-      if (failure) std::rethrow_exception(failure);
-    }
+    }));
     for (nonfinite_key key : first_in_chunk) partials.first_nonfinite = std::min(partials.first_nonfinite, key);
   }
 

@@ -190,11 +190,9 @@ class sharded_host_slices {
   // thread pool, or calling_thread).
   template <class Runner, class F>
   static void for_each_chunk(Runner& runner, const std::vector<run>& runs, F&& f) {
-    for (const std::exception_ptr& failure : runner.run(runs.size(), [&](std::size_t task) {
-           for (std::size_t c = runs[task].chunks.first; c < runs[task].chunks.last; ++c) f(task, runs[task].owner, c);
-         })) {
-      if (failure) std::rethrow_exception(failure);
-    }
+    rethrow_first(runner.run(runs.size(), [&](std::size_t task) {
+      for (std::size_t c = runs[task].chunks.first; c < runs[task].chunks.last; ++c) f(task, runs[task].owner, c);
+    }));
   }
   // The pieces of `runs` inside the chunk runs `part` (a part of the step's chunks, in table order).
   static std::vector<run> within(const std::vector<run>& runs, const std::vector<chunk_group>& part) {
