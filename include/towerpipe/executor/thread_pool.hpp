@@ -117,11 +117,5 @@ inline void rethrow_first(const std::vector<std::exception_ptr>& failures) {
   }
 }
 
-// A thread_pool of the calling thread alone (it starts no thread): for work that must not take the
-// pool's threads (a bucket reduced while the towers run on them).
-struct calling_thread : thread_pool {
-  calling_thread() : thread_pool(1) {}
-};
-
 }  // namespace detail
 }  // namespace towerpipe

@@ -136,7 +136,7 @@ unsigned accumulate_average(const accumulation<T>& step, const T* sum, T* out, s
 template <class Body>
 void run_part_on(thread_pool& pool, const step_part& part, Body&& body) {
   if (part.during_towers()) {
-    calling_thread here;
+    thread_pool here(1);
     body(here);
   } else {
     body(pool);
@@ -195,8 +195,8 @@ class host_optimizer_pass {
   }
 
   // For the listed chunks: parameters = update(canonical_sum_t(weights[t] * gradients[t]), parameters,
-  // state), a task per chunk on `runner` (the thread pool, or calling_thread); `replica`, where given,
-  // gets the new parameters rounded to the stored type (mixed precision).
+  // state), a task per chunk on `runner` (the pool, or one of the calling thread alone); `replica`, where
+  // given, gets the new parameters rounded to the stored type (mixed precision).
   template <class Runner, class GradientBuffer, class ParameterBuffer, class ReplicaBuffer = ParameterBuffer>
   void run(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
            ParameterBuffer& parameters, const std::vector<master_type>& weights, const constants_type& constants,

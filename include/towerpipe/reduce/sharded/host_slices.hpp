@@ -187,7 +187,7 @@ class sharded_host_slices {
 
  private:
   // f(task, owner, chunk index) for every chunk of `runs`, one task per run, on `runner` (the towers'
-  // thread pool, or calling_thread).
+  // thread pool, or a pool of the calling thread alone).
   template <class Runner, class F>
   static void for_each_chunk(Runner& runner, const std::vector<run>& runs, F&& f) {
     rethrow_first(runner.run(runs.size(), [&](std::size_t task) {
