@@ -38,7 +38,7 @@ std::vector<step_gradients<Stored>> draw_plan(random_source& random, const tower
       for (const towerpipe::variable& v : variables) {
         const std::vector<float> values = random.wide(v.size);
         tower.emplace_back();
-        for (float x : values) tower.back().push_back(towerpipe::detail::narrow<Stored>(x));
+        for (float x : values) tower.back().push_back(static_cast<Stored>(x));
       }
     }
   }
@@ -131,8 +131,8 @@ void compare_with_host(const towerpipe::variable_set& variables, const std::vect
   auto plan = draw_plan<stored>(random, variables, towers, c.steps);
   if (c.bad_step >= 0) {
     auto& bad = plan[static_cast<std::size_t>(c.bad_step)];
-    bad[towers - 1][3][4000] = detail::narrow<stored>(std::numeric_limits<float>::quiet_NaN());
-    bad[0][0][5] = detail::narrow<stored>(std::numeric_limits<float>::infinity());
+    bad[towers - 1][3][4000] = static_cast<stored>(std::numeric_limits<float>::quiet_NaN());
+    bad[0][0][5] = static_cast<stored>(std::numeric_limits<float>::infinity());
   }
   const std::size_t examples = 3 * towers - 1;  // uneven: distinct weights
   auto mine = make();

@@ -88,16 +88,4 @@ struct master_type {
 template <class T>
 using master_type_t = typename master_type<T>::type;
 
-namespace detail {
-// Storage -> master (exact) and master -> storage (round to nearest even); identities for T == T.
-template <class Master, class Storage>
-TOWERPIPE_HOST_DEVICE Master widen(Storage value) {
-  return static_cast<Master>(value);
-}
-template <class Storage, class Master>
-TOWERPIPE_HOST_DEVICE Storage narrow(Master value) {
-  return Storage(value);
-}
-}  // namespace detail
-
 }  // namespace towerpipe

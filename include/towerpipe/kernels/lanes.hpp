@@ -98,13 +98,13 @@ TOWERPIPE_HOST_DEVICE void store_lanes(T* p, lanes<T, W> v) {
 template <class T, class S, unsigned W>
 TOWERPIPE_HOST_DEVICE lanes<T, W> widen_lanes(const lanes<S, W>& v) {
   lanes<T, W> wide;
-  for (unsigned l = 0; l < W; ++l) wide.value[l] = widen<T>(v.value[l]);
+  for (unsigned l = 0; l < W; ++l) wide.value[l] = static_cast<T>(v.value[l]);
   return wide;
 }
 template <class S, class T, unsigned W>
 TOWERPIPE_HOST_DEVICE lanes<S, W> narrow_lanes(const lanes<T, W>& v) {
   lanes<S, W> narrow_values;
-  for (unsigned l = 0; l < W; ++l) narrow_values.value[l] = narrow<S>(v.value[l]);
+  for (unsigned l = 0; l < W; ++l) narrow_values.value[l] = static_cast<S>(v.value[l]);
   return narrow_values;
 }
 

@@ -235,7 +235,7 @@ class pipeline_state {
       fail("parameter '", v.name, "' set with ", count, " values; its shape ", to_string(v.shape), " holds ", v.size);
     if constexpr (mixed_precision) {
       std::vector<stored_type> rounded(count);
-      for (std::size_t i = 0; i < count; ++i) rounded[i] = narrow<stored_type>(values[i]);
+      for (std::size_t i = 0; i < count; ++i) rounded[i] = static_cast<stored_type>(values[i]);
       towers_->set_parameter(index, rounded.data());
     } else {
       towers_->set_parameter(index, values);

@@ -97,7 +97,7 @@ template <class Master, class Stored>
 unsigned weigh_block(Master w, const Stored* g, std::size_t count, Master* out) {
   unsigned bad = 0;
   for (std::size_t k = 0; k < count; ++k) {
-    const Master x = widen<Master>(g[k]);
+    const Master x = static_cast<Master>(g[k]);
     bad |= exponent_all_ones(x);
     out[k] = rounded_mul(w, x);
   }
@@ -109,7 +109,7 @@ unsigned weigh_block(Master w, const Stored* g, std::size_t count, Master* out) 
 template <class Master, class U>
 nonfinite_key first_nonfinite_in(const U* values, unsigned count, int variable, unsigned at, unsigned tower) {
   for (unsigned k = 0; k < count; ++k) {
-    if (!is_finite_value(widen<Master>(values[k]))) return make_nonfinite_key(variable, at + k, tower);
+    if (!is_finite_value(static_cast<Master>(values[k]))) return make_nonfinite_key(variable, at + k, tower);
   }
   return no_nonfinite;
 }
@@ -220,7 +220,7 @@ class host_optimizer_pass {
         update_host_block<Optim>(static_cast<int>(state_.size()), p, slots, scratch[0], count, constants);
         if (replica != nullptr) {
           auto* r = replica->data(v) + begin;
-          for (std::size_t k = 0; k < count; ++k) r[k] = narrow<stored_type>(p[k]);
+          for (std::size_t k = 0; k < count; ++k) r[k] = static_cast<stored_type>(p[k]);
         }
       }
     }));

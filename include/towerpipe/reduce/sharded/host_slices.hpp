@@ -181,7 +181,7 @@ class sharded_host_slices {
       const std::size_t v = static_cast<std::size_t>(chunk.variable);
       const master_type* from = all + padded_starts_[v] + chunk.first;
       std::transform(from, from + chunk.count, towers.shared_parameters().data(v) + chunk.first,
-                     [](master_type x) { return narrow<stored_type>(x); });
+                     [](master_type x) { return static_cast<stored_type>(x); });
     });
   }
 
