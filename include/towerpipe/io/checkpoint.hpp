@@ -29,18 +29,6 @@ namespace detail {
 // Version 2 added the loss_scale line, version 3 the user data; older files still load.
 constexpr std::uint32_t checkpoint_version = 3;
 
-template <class T>
-void append_raw(std::string& out, const T& value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof value);
-}
-
-template <class T>
-T read_raw(const std::string& in, std::size_t offset) {
-  T value;
-  std::memcpy(&value, in.data() + offset, sizeof value);
-  return value;
-}
-
 // The checkpoint file's bytes (see the top) for a pipeline, with the program's `user_data`.
 template <class Pipeline>
 std::string checkpoint_bytes(const Pipeline& pipeline, const std::string& user_data = std::string()) {
@@ -124,10 +112,11 @@ std::string load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, 
       std::memcmp(bytes.data(), detail::checkpoint_magic, sizeof detail::checkpoint_magic) != 0)
     reject("not a towerpipe checkpoint (no TWRPCKPT magic)");
   if (bytes.size() < preamble) reject("truncated: ", bytes.size(), " bytes, not even a header");
-  const auto version = detail::read_raw<std::uint32_t>(bytes, sizeof detail::checkpoint_magic);
+  std::size_t at = sizeof detail::checkpoint_magic;
+  const auto version = detail::read_raw<std::uint32_t>(bytes, at);
   if (version < 1 || version > detail::checkpoint_version)
     reject("format version ", version, ", this build reads versions 1 to ", detail::checkpoint_version);
-  const auto header_size = detail::read_raw<std::uint64_t>(bytes, preamble - sizeof(std::uint64_t));
+  const auto header_size = detail::read_raw<std::uint64_t>(bytes, at);
   if (header_size > bytes.size() - preamble) reject("truncated inside the header");
 
   // The fingerprint: everything but the policies must match this pipeline.
@@ -214,8 +203,8 @@ std::string load_checkpoint_bytes(Pipeline& pipeline, const std::string& bytes, 
   if (bytes.size() != expected)
     reject(bytes.size() < expected ? "truncated: " : "too long: ", bytes.size(), " bytes, expected ", expected);
   const std::size_t user_at = preamble + header_size + payload;
-  if (detail::read_raw<std::uint64_t>(bytes, expected - sizeof(std::uint64_t)) !=
-      fnv1a(bytes.data(), expected - sizeof(std::uint64_t))) {
+  at = expected - sizeof(std::uint64_t);  // the checksum, of every byte before it
+  if (detail::read_raw<std::uint64_t>(bytes, at) != fnv1a(bytes.data(), expected - sizeof(std::uint64_t))) {
     if (fnv1a(bytes.data() + user_at, user_bytes) != user_checksum)
       reject("corrupted: checksum mismatch (in the user data: the ", user_bytes, " bytes the program saved with it)");
     reject("corrupted: checksum mismatch");

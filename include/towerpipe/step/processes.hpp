@@ -319,15 +319,6 @@ class processes {
     }
   }
 
-  template <class T>
-  static void append_raw(std::string& bytes, const T& value) { bytes.append(reinterpret_cast<const char*>(&value), sizeof value); }
-  template <class T>
-  static T read_raw(const std::string& bytes, std::size_t& at) {
-    T value{};
-    std::memcpy(&value, bytes.data() + at, sizeof value);
-    at += sizeof value;
-    return value;
-  }
   static void append_text(std::string& bytes, const std::string& text) {
     append_raw<std::uint64_t>(bytes, text.size());
     bytes += text;
