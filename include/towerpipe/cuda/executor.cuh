@@ -19,7 +19,7 @@
 #include "towerpipe/cuda/memory.cuh"
 #include "towerpipe/cuda/multi_tensor_dispatch.cuh"
 #include "towerpipe/cuda/screen_kernel.cuh"
-#include "towerpipe/kernels/operands.hpp"
+#include "towerpipe/kernels/access_hook.hpp"
 #include "towerpipe/trace/timeline.hpp"
 
 namespace towerpipe {

@@ -10,7 +10,7 @@
 
 #include "towerpipe/exec/tower_context.hpp"
 #include "towerpipe/data/batch.hpp"
-#include "towerpipe/kernels/operands.hpp"
+#include "towerpipe/kernels/access_hook.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -42,7 +42,7 @@
 #include "towerpipe/core/tensor_view.hpp"
 #include "towerpipe/core/variable_set.hpp"
 #include "towerpipe/data/batch.hpp"
-#include "towerpipe/kernels/operands.hpp"
+#include "towerpipe/kernels/access_hook.hpp"
 
 namespace towerpipe {
 namespace detail {

@@ -1,14 +1,16 @@
 #pragma once
 // A hook in the host path of the agents' vector I/O: a recorder set on the calling thread (the simulated devices) is
 // told of every access first and may refuse it. Refuse, never throw: a throw there makes GCC 12 ICE under TSan.
+// operand_access: how an agent or screen source touches one of its operands (listed by its operands(f),
+// kernels/agents.hpp), for executors that check launches; the kernels never call operands().
 // Why: docs/design-notes.md#kernels-access_hook
 
 #include <cstddef>
 
-#include "towerpipe/kernels/operands.hpp"
-
 namespace towerpipe {
 namespace detail {
+
+enum class operand_access { read, write, read_write };
 
 class access_recorder {
  public:

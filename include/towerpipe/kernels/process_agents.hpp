@@ -17,8 +17,8 @@
 #include "towerpipe/plan/canonical_order.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
 #include "towerpipe/plan/exchange_plan.hpp"
+#include "towerpipe/kernels/access_hook.hpp"
 #include "towerpipe/kernels/lanes.hpp"
-#include "towerpipe/kernels/operands.hpp"
 #include "towerpipe/kernels/screen.hpp"
 
 TOWERPIPE_EXACT_ARITHMETIC_BEGIN

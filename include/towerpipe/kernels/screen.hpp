@@ -15,7 +15,6 @@
 #include "towerpipe/plan/canonical_order.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
 #include "towerpipe/kernels/lanes.hpp"
-#include "towerpipe/kernels/operands.hpp"
 
 #if defined(__CUDACC__)
 #include <nv/target>

@@ -28,7 +28,7 @@
 #include "towerpipe/executor/simulated/memory_registry.hpp"
 #include "towerpipe/executor/simulated/operand_ranges.hpp"
 #include "towerpipe/executor/simulated/ordering.hpp"
-#include "towerpipe/kernels/operands.hpp"
+#include "towerpipe/kernels/access_hook.hpp"
 #include "towerpipe/kernels/screen.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
 

@@ -19,7 +19,7 @@
 #include "towerpipe/executor/simulated/memory_registry.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
 #include "towerpipe/plan/launch_policy.hpp"
-#include "towerpipe/kernels/operands.hpp"
+#include "towerpipe/kernels/access_hook.hpp"
 #include "towerpipe/kernels/screen.hpp"
 #include "towerpipe/trace/timeline.hpp"
 

@@ -21,7 +21,6 @@
 #include "towerpipe/executor/simulated/ordering.hpp"
 #include "towerpipe/kernels/access_hook.hpp"
 #include "towerpipe/kernels/agents.hpp"
-#include "towerpipe/kernels/operands.hpp"
 #include "towerpipe/kernels/screen.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
 

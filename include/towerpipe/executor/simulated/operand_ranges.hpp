@@ -26,7 +26,6 @@
 #include "towerpipe/executor/simulated/memory_registry.hpp"
 #include "towerpipe/kernels/access_hook.hpp"
 #include "towerpipe/plan/chunk_table.hpp"
-#include "towerpipe/kernels/operands.hpp"
 
 namespace towerpipe {
 namespace detail {
