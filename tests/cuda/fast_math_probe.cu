@@ -1,7 +1,7 @@
 // The library's device element programs, compiled by ctest cuda.no_flush_under_fast_math with
 // -use_fast_math to PTX (never run): their float arithmetic must keep subnormals and round each
 // operation (core/rounded_math.hpp), whatever flags a user's translation unit has.
-#include <towerpipe/cuda/multi_tensor_kernel.cuh>
+#include <towerpipe/cuda/multi_tensor_dispatch.cuh>
 #include <towerpipe/cuda/screen_kernel.cuh>
 #include <towerpipe/optim/adam.hpp>
 #include <towerpipe/optim/adamw.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 // The multi-tensor agents: per-element programs (the operation, as a CUTLASS epilogue is) that the
 // device backends run over a chunk table — a CUDA block per chunk, a thread per group of elements
-// (cuda/multi_tensor_kernel.cuh, the schedule) — and that tests run over the same tables on the host.
+// (cuda/multi_tensor_dispatch.cuh, the schedule) — and that tests run over the same tables on the host.
 // Plain C++ (usable without nvcc); TOWERPIPE_HOST_DEVICE marks what kernels call.
 //
 // Every agent and screen source also lists what it touches, for executors that check launches (the

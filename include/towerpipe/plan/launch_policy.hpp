@@ -1,5 +1,5 @@
 #pragma once
-// The launch policy of the multi-tensor kernels (cuda/multi_tensor_kernel.cuh) and its checks, in plain
+// The launch policy of the multi-tensor kernels (cuda/multi_tensor_dispatch.cuh) and its checks, in plain
 // C++: every executor that runs the agents (the CUDA kernels, the simulated devices) takes the same
 // policies and checks them the same way.
 // Why: docs/design-notes.md#plan-launch_policy
