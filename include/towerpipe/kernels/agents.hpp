@@ -85,7 +85,7 @@ struct optimizer_apply {
       if (slot < state_slots) store_lanes<W>(state.at(slot, v) + i, s[slot]);
     }
     if constexpr (mixed) store_lanes<W>(master.at(0, v) + i, p);
-    const lanes<Stored, W> stored = narrow_lanes<Stored>(p);
+    const lanes<Stored, W> stored = cast_lanes<Stored>(p);
     for (int r = 0; r < replica_count; ++r) store_lanes<W>(replicas.at(r, v) + i, stored);
   }
 
@@ -167,7 +167,7 @@ struct tree_edge {
   TOWERPIPE_HOST_DEVICE static lanes<T, W> operand(const tree_operands<T, Stored>& at, int tower, bool raw, T weight, int v, unsigned i,
                                                    nonfinite_key& first) {
     if (!raw) return load_lanes<W>(at.sums.at(tower, v) + i);
-    const lanes<T, W> value = widen_lanes<T>(load_lanes<W>(at.raw.at(tower, v) + i));
+    const lanes<T, W> value = cast_lanes<T>(load_lanes<W>(at.raw.at(tower, v) + i));
     note_nonfinite(value, v, i, static_cast<unsigned>(tower), first);
     return scale_lanes(weight, value);
   }
@@ -265,7 +265,7 @@ struct copy_agent {
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
-    const lanes<Stored, W> value = narrow_lanes<Stored>(load_lanes<W>(source.at(0, v) + i));  // the identity where T == Stored
+    const lanes<Stored, W> value = cast_lanes<Stored>(load_lanes<W>(source.at(0, v) + i));  // the identity where T == Stored
     for (int t = 0; t < target_count; ++t) store_lanes<W>(targets.at(t, v) + i, value);
   }
 

@@ -93,19 +93,13 @@ TOWERPIPE_HOST_DEVICE void store_lanes(T* p, lanes<T, W> v) {
 #endif
 }
 
-// Mixed precision: stored (bf16, fp16) values widened exactly to the master type, and master values
+// Mixed precision: stored (bf16, fp16) values widened exactly to the master type, or master values
 // rounded to nearest even into the stored type (core/half_types.hpp); identities where both are T.
-template <class T, class S, unsigned W>
-TOWERPIPE_HOST_DEVICE lanes<T, W> widen_lanes(const lanes<S, W>& v) {
-  lanes<T, W> wide;
-  for (unsigned l = 0; l < W; ++l) wide.value[l] = static_cast<T>(v.value[l]);
-  return wide;
-}
-template <class S, class T, unsigned W>
-TOWERPIPE_HOST_DEVICE lanes<S, W> narrow_lanes(const lanes<T, W>& v) {
-  lanes<S, W> narrow_values;
-  for (unsigned l = 0; l < W; ++l) narrow_values.value[l] = static_cast<S>(v.value[l]);
-  return narrow_values;
+template <class To, class From, unsigned W>
+TOWERPIPE_HOST_DEVICE lanes<To, W> cast_lanes(const lanes<From, W>& v) {
+  lanes<To, W> cast;
+  for (unsigned l = 0; l < W; ++l) cast.value[l] = static_cast<To>(v.value[l]);
+  return cast;
 }
 
 template <class T, unsigned W>

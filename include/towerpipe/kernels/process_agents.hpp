@@ -41,7 +41,7 @@ struct contribution_agent {
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     nonfinite_key first = no_nonfinite;
     const auto weighed = [&](int t) {
-      const lanes<T, W> raw = widen_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
+      const lanes<T, W> raw = cast_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
       if (first_nonfinite != nullptr) note_nonfinite(raw, v, i, first_tower + static_cast<unsigned>(t), first);
       return scale_lanes(weights[t], raw);
     };

@@ -113,7 +113,7 @@ struct tower_average_source {
                           : std::is_pointer<Weights>::value ? 32
                                                             : canonical_slots(max_device_towers);
     return canonical_lanes_sum<slots>(Towers > 0 ? Towers : towers, [&](int t) {
-      const lanes<T, W> raw = widen_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
+      const lanes<T, W> raw = cast_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
       note_nonfinite(raw, v, i, static_cast<unsigned>(t), first);
       return scale_lanes(weights[t], raw);
     });
