@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "towerpipe/core/variable_set.hpp"
+#include "towerpipe/plan/buckets.hpp"
 #include "towerpipe/plan/launch_policy.hpp"
 #include "towerpipe/wiring/owner_wiring.hpp"
 #include "towerpipe/kernels/screen.hpp"
@@ -17,19 +19,13 @@
 namespace towerpipe {
 namespace detail {
 
-// What reduce::sharded for device towers takes, in one process or several (any stored type: 16-bit towers
-// are mixed precision, with the owners' storage in the master type).
-template <class Policy>
-constexpr bool check_sharded_device_policy() {
-  static_assert(Policy::chunk_elements % screen_tile_elements == 0,
-                "towerpipe: reduce::sharded needs chunks of whole screen tiles, so that each tile has one owner");
-  return true;
-}
-
-// M: the master type, of the owner's state, average and master slice.
+// M: the master type, of the owner's state, average and master slice (any stored type: 16-bit towers are
+// mixed precision, with the owners' storage in the master type).
 template <class M, class Policy, class Executor>
 class device_owner {
-  static_assert(check_sharded_device_policy<Policy>());  // for both forms, which hold owners
+  // What reduce::sharded for device towers takes, in one process or several (both forms hold owners).
+  static_assert(Policy::chunk_elements % screen_tile_elements == 0,
+                "towerpipe: reduce::sharded needs chunks of whole screen tiles, so that each tile has one owner");
 
  public:
   using stream = typename Executor::stream;
@@ -84,19 +80,26 @@ class device_owner {
     return vector_pointer_table<Policy>(exec_, pointers, static_cast<int>(variables.count()), parts_.chunks(), device_, what);
   }
 
-  // The owner's stream waits for every tower's gradients; its timing starts there.
-  template <class Towers>
-  void wait_for_gradients(Towers& towers) const {
+  // On the owner's stream: a bucket's pass after the bucket's event on every (local) tower; what the towers
+  // left after their whole gradients (its timing starts there), then `gradients_in`, the copies of the
+  // towers' gradients the owner's device does not reach.
+  template <class Towers, class Copies>
+  void wait_for_part(Towers& towers, const step_part& part, const Copies& gradients_in) const {
+    if (part.during_towers()) {
+      for (std::size_t t = 0; t < towers.towers(); ++t) exec_.wait(stream_, towers.bucket_done(t, part.bucket));
+      return;
+    }
     for (std::size_t t = 0; t < towers.towers(); ++t) exec_.wait(stream_, towers.gradients_ready(t));
     exec_.record(start_, stream_);
+    run_copies_async(exec_, gradients_in, stream_);
   }
 
   // Between steps, once the owner's stream is idle: variable `index`'s values (whole, on the host) into
   // the owner's parts of a slot of the state or of its master slice, and those parts back.
-  void set_state(std::size_t slot, std::size_t index, const M* values) { set_parts(parts_.slot_storage(slot), index, values); }
-  void set_master(std::size_t index, const M* values) { set_parts(parts_.master_storage(), index, values); }
-  void state_to_host(std::size_t slot, std::size_t index, M* values) const { parts_to_host(parts_.slot_storage(slot), index, values); }
-  void master_to_host(std::size_t index, M* values) const { parts_to_host(parts_.master_storage(), index, values); }
+  void set_state(std::size_t slot, std::size_t index, const M* values) { copy(parts_.slot_storage(slot), index, values); }
+  void set_master(std::size_t index, const M* values) { copy(parts_.master_storage(), index, values); }
+  void state_to_host(std::size_t slot, std::size_t index, M* values) const { copy(parts_.slot_storage(slot), index, values); }
+  void master_to_host(std::size_t index, M* values) const { copy(parts_.master_storage(), index, values); }
   // A slot's whole compact storage (the all-gather across processes sends it as it is).
   void slot_to_host(std::size_t slot, M* values) const {
     const M* storage = parts_.slot_storage(slot);
@@ -106,18 +109,15 @@ class device_owner {
   }
 
  private:
-  void parts_to_host(const M* storage, std::size_t index, M* values) const {
+  // Variable `index`'s parts of `storage` from the host's whole `values`, or (`values` not const) to them.
+  template <class Values>
+  void copy(M* storage, std::size_t index, Values* values) const {
     const typename Executor::device_guard on(exec_, device_);
     exec_.synchronize(stream_);
     parts_.slice().for_each_stored_range_of(index, [&](const element_range& r, std::size_t offset) {
-      exec_.copy_to_host_now(values + r.begin, storage + offset, (r.end - r.begin) * sizeof(M));
-    });
-  }
-  void set_parts(M* storage, std::size_t index, const M* values) {
-    const typename Executor::device_guard on(exec_, device_);
-    exec_.synchronize(stream_);
-    parts_.slice().for_each_stored_range_of(index, [&](const element_range& r, std::size_t offset) {
-      exec_.copy_to_device_now(storage + offset, values + r.begin, (r.end - r.begin) * sizeof(M));
+      const std::size_t bytes = (r.end - r.begin) * sizeof(M);
+      if constexpr (std::is_const_v<Values>) exec_.copy_to_device_now(storage + offset, values + r.begin, bytes);
+      else exec_.copy_to_host_now(values + r.begin, storage + offset, bytes);
     });
   }
 

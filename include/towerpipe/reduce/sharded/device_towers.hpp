@@ -79,7 +79,7 @@ class sharded_device_reducer {
     const typename Executor::range range(exec_, "towerpipe reduce::sharded part");
     for (auto& o : owners_) {
       const typename Executor::device_guard on(exec_, o->device());
-      wait_for_part(*o, towers, part);
+      o->wait_for_part(towers, part, o->copies.gradients_in());
       if (work_.checked) {
         for (const chunk_group& tiles : o->tile_runs.runs(part.variables))
           launch_tower_screen(o->screen(), o->owner_stream(), static_cast<int>(towers.towers()), o->gradients.const_view(), work_.weights,
@@ -214,17 +214,6 @@ class sharded_device_reducer {
     for (std::size_t t = 0; t < towers.towers(); ++t) {
       for (auto& o : owners_) exec_.wait(towers.stream(t), o->end());
     }
-  }
-
-  // On the owner's stream: a bucket's pass after the bucket's event on every tower; what the towers left
-  // after their whole gradients (its timing starts there), copied in where the owner does not reach them.
-  void wait_for_part(owner& o, towers_type& towers, const step_part& part) const {
-    if (part.during_towers()) {
-      for (std::size_t t = 0; t < towers.towers(); ++t) exec_.wait(o.owner_stream(), towers.bucket_done(t, part.bucket));
-      return;
-    }
-    o.wait_for_gradients(towers);
-    run_copies_async(exec_, o.copies.gradients_in(), o.owner_stream());
   }
 
   // The host waits for every owner's end event; each owner's span goes on the timeline. Returns the

@@ -109,7 +109,7 @@ class sharded_process_reducer {
     if (!part.during_towers()) rest_started_ = step_clock::now();
     std::exception_ptr failure;
     try {
-      wait_for_part(towers, part);
+      owner_.wait_for_part(towers, part, copies_.gradients_in());
       contribute(part);
     } catch (...) {
       if (part.during_towers()) throw;
@@ -229,18 +229,6 @@ class sharded_process_reducer {
   // The owner's optimizer reads and writes its master copy of the slice, which the gather then sends.
   optimizer_apply<Optim, master_type> apply() const {
     return {owner_.master(), owner_.state(), 1, owner_.slots(), work_.constants, {}};
-  }
-
-  // On the owner's stream: a bucket's contributions after the bucket's event on every local tower; what
-  // the towers left after their whole gradients (the timing starts there), with the copies of the
-  // towers tower 0's device does not reach.
-  void wait_for_part(towers_type& towers, const step_part& part) {
-    if (part.during_towers()) {
-      for (std::size_t t = 0; t < towers.towers(); ++t) exec_.wait(owner_.owner_stream(), towers.bucket_done(t, part.bucket));
-      return;
-    }
-    owner_.wait_for_gradients(towers);
-    run_copies_async(exec_, copies_.gradients_in(), owner_.owner_stream());
   }
 
   // Step 1 (see the top) over the part's chunks of every owner's slice; a checked step's senders note raw values.
