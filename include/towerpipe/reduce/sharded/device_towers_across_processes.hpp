@@ -272,7 +272,7 @@ class sharded_process_reducer {
   exchange_plan plan_;
   device_owner<master_type, Policy, Executor> owner_;  // this process's slice, its state, master and checked average
   typename Executor::chunk_table all_chunks_;
-  std::vector<std::size_t> padded_starts_;  // where each variable lies in the gathered buffer and host_state_
+  std::vector<std::size_t> padded_starts_;  // where each variable lies in the gathered buffer and gathered_states_
   exchange_buffers<master_type, device_memory_of<Executor>> buffers_;  // mixed precision: the gathered buffer is the whole master
   tower_copies<device_buffer> copies_;  // the local towers tower 0's device does not reach: their gradients
   typename Executor::template pointer_table<stored_type> gradients_;  // role = local tower (or its copy)

@@ -53,7 +53,11 @@ class sharded_host_reducer {
       bucket_send_blocks_.push_back(plan().send_blocks(sizeof(master_type), b));
       bucket_receive_blocks_.push_back(plan().receive_blocks(sizeof(master_type), b));
     }
-    exchanges_buckets_ = span_.size() > 1 && every_process_says(span_.group().callable_from_any_thread());
+    if (span_.size() > 1) {  // whether every process's group may be called from the bucket worker (a collective)
+      const char mine = span_.group().callable_from_any_thread() ? 1 : 0;
+      const auto all = span_.group().all_gather(&mine, 1, "agreeing whether gradient buckets are exchanged during the towers");
+      exchanges_buckets_ = std::all_of(all.begin(), all.end(), [](const std::string& theirs) { return theirs == "\1"; });
+    }
   }
 
   backend_choice choice() const { return named_by_type("sharded"); }
@@ -190,13 +194,6 @@ class sharded_host_reducer {
   void forget_parts() {
     std::fill(contributed_.begin(), contributed_.end(), 0);
     exchanged_ = 0;
-  }
-  // Whether `mine` holds on every process (a collective).
-  bool every_process_says(bool mine) const {
-    const char flag = mine ? 1 : 0;
-    for (const std::string& theirs : span_.group().all_gather(&flag, 1, "agreeing whether gradient buckets are exchanged during the towers"))
-      if (theirs != std::string(1, char(1))) return false;
-    return true;
   }
 
   // After the owners' updates: every slice to every process (the master copy, with mixed precision), into
