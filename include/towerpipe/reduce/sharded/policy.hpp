@@ -19,8 +19,6 @@ namespace reduce {
 struct sharded {
   using policy_kind = detail::reduce_policy_kind;
   static constexpr const char* name = "sharded";
-  // On one device the owners together make device0's pass.
-  static double one_device_bytes(std::size_t towers, std::size_t element_bytes) { return detail::fused_pass_bytes(towers, element_bytes); }
   // Each tower owns 1/N: device d receives the contributions to its n_d/N and gathers the others'
   // slices into its n_d replicas, 2 n_d (N - n_d) / N each way.
   static double busiest_link_elements(const std::vector<int>& devices) {
@@ -32,8 +30,9 @@ struct sharded {
     }
     return detail::busiest(load);
   }
+  // On one device the owners together make device0's pass (fused_pass_bytes).
   static constexpr backend_traits traits{
-      name, true, true, true, 1.5, &one_device_bytes, &busiest_link_elements, false,
+      name, true, true, true, 1.5, &detail::fused_pass_bytes, &busiest_link_elements, false,
       "its slices copied in one process (1.5-5.1x reduce::host's time; across processes the only backend)"};
 };
 
