@@ -85,11 +85,9 @@ class device_owner {
   // towers' gradients the owner's device does not reach.
   template <class Towers, class Copies>
   void wait_for_part(Towers& towers, const step_part& part, const Copies& gradients_in) const {
-    if (part.during_towers()) {
-      for (std::size_t t = 0; t < towers.towers(); ++t) exec_.wait(stream_, towers.bucket_done(t, part.bucket));
-      return;
-    }
-    for (std::size_t t = 0; t < towers.towers(); ++t) exec_.wait(stream_, towers.gradients_ready(t));
+    for (std::size_t t = 0; t < towers.towers(); ++t)
+      exec_.wait(stream_, part.during_towers() ? towers.bucket_done(t, part.bucket) : towers.gradients_ready(t));
+    if (part.during_towers()) return;
     exec_.record(start_, stream_);
     run_copies_async(exec_, gradients_in, stream_);
   }
