@@ -81,7 +81,8 @@ class device0_reducer : public device_optimizer_state<Optim, Layout, Executor> {
     launch_fused_apply_for<Policy, 1>(chunks_, stream_, 1, average_.table.const_view(), std::vector<master_type>{scale}, apply_for(towers));
     stages.reduce += broadcast_and_wait(towers, "device0 apply + broadcast");
   }
-  // After a failed step: the passes enqueued on the root's stream done, and the towers' next work after them.
+  // After a failed step, and after every pass that wrote the replicas: the work enqueued on the root's stream
+  // done, and the towers' next work after it.
   void abandon(towers_type& towers) {
     const typename Executor::device_guard on(exec_, root_);
     exec_.record(end_, stream_);
@@ -138,9 +139,7 @@ class device0_reducer : public device_optimizer_state<Optim, Layout, Executor> {
   // waits for their new parameters and the host for the last write. Returns start_ to the end.
   double broadcast_and_wait(towers_type& towers, const char* span_name) {
     run_copies_async(exec_, copies_.replicas_out(), stream_);
-    exec_.record(end_, stream_);
-    for (std::size_t t = 0; t < towers.towers(); ++t) exec_.wait(towers.stream(t), end_);
-    exec_.synchronize(end_);
+    abandon(towers);
     towers.device_span(0, start_, end_, span_name, "reduce (GPU)");
     return exec_.seconds_between(start_, end_);
   }

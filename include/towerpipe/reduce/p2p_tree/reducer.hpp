@@ -127,7 +127,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   screen_partials finish(towers_type& towers, stage_seconds& stages) {
     if (!work_.checked) {
       finish_step(towers, false, stages);
-      if (towers.trace().on()) record_device_spans(towers);
       return {};
     }
     {
@@ -158,7 +157,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
     }
     broadcast(tree_.shape, {every_chunk});
     finish_step(towers, false, stages);
-    if (towers.trace().on()) record_device_spans(towers);
   }
   // After a failed step: the parts enqueued on the side streams done, and the towers' next work after them.
   void abandon(towers_type& towers) { order_towers_after_sides(towers); }
@@ -266,7 +264,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   }
 
   // The end of a step's last part: checked, each tower's key to the host; then order_towers_after_sides
-  // and the stages' seconds.
+  // and the stages' seconds; unchecked (the parameters written), the timeline's spans.
   void finish_step(towers_type& towers, bool checked, stage_seconds& stages) {
     if (checked) {
       for (const auto& own : tree_.nodes) {
@@ -278,6 +276,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
     exec_.synchronize(tree_start_);  // on a stream of its own, which nothing above waited for
     stages.reduce = exec_.seconds_between(tree_start_, root_end_);
     if (!checked) stages.broadcast = broadcast_seconds();
+    if (!checked && towers.trace().on()) record_device_spans(towers);
   }
 
   // Each tower's next work waits for the side streams that touch its buffers — its own (its edges, its
