@@ -167,7 +167,7 @@ class host_optimizer_pass {
       first_tile_.push_back(tiles);
       tiles += (v.size + screen_tile_elements - 1) / screen_tile_elements;
     }
-    tile_count_ = tiles;
+    first_tile_.push_back(tiles);
   }
 
   // Where the variables of a part (a bucket's, or several buckets') lie in chunks().
@@ -183,7 +183,7 @@ class host_optimizer_pass {
   // A checked step's screen before its first part: every tile's sum zero, nothing found.
   screen_partials fresh_partials() const {
     screen_partials partials;
-    partials.tile_sums.assign(tile_count_, 0.0);
+    partials.tile_sums.assign(first_tile_.back(), 0.0);
     return partials;
   }
 
@@ -228,7 +228,7 @@ class host_optimizer_pass {
 
   // Pass 1 of a checked step for the listed chunks: the canonical average into averaged() (with
   // accumulation: the running sum), and partials.tile_sums / first_nonfinite for their tiles
-  // (partials.tile_sums sized tile_count()).
+  // (partials.tile_sums sized as fresh_partials() sizes it).
   template <class Runner, class GradientBuffer>
   void screen(Runner& runner, const std::vector<std::size_t>& chunk_list, const std::vector<const GradientBuffer*>& gradients,
               const std::vector<master_type>& weights, const accumulation<master_type>& step, screen_partials& partials) {
@@ -277,9 +277,8 @@ class host_optimizer_pass {
   std::vector<tensor_chunk> chunks_;
   std::vector<buffer> state_;  // one buffer per optimizer state slot
   buffer averaged_;            // a checked step's average
-  std::vector<std::size_t> first_tile_;  // per variable: the index of its first screen tile
+  std::vector<std::size_t> first_tile_;  // per variable: the index of its first screen tile; last: the tile count
   chunks_by_variable by_variable_;
-  std::size_t tile_count_ = 0;
 };
 TOWERPIPE_EXACT_ARITHMETIC_END
 

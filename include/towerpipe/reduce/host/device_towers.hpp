@@ -50,7 +50,7 @@ class host_reducer_for_devices {
         rounded_(variables_if(mixed, setup.variables), exec_.pinned_memory()),
         groups_(group_chunks(pass_.chunks(), Policy::group_elements)) {
     for (std::size_t t = 0; t < setup.towers.towers(); ++t) {
-      links_.push_back(std::make_unique<link>(exec_, setup.variables, setup.towers.device(t), groups_.size()));
+      links_.push_back(std::make_unique<link>(exec_, setup.variables, setup.towers.device(t)));
       std::size_t leader = 0;
       while (setup.towers.device(leader) != setup.towers.device(t)) ++leader;
       upload_leader_.push_back(leader);
@@ -203,13 +203,12 @@ class host_reducer_for_devices {
 
   // One tower's link to the host: pinned gradients and a stream each way, on the tower's device.
   struct link {
-    link(const Executor& exec, const variable_set& variables, int device, std::size_t groups)
-        : gradients(variables, exec.pinned_memory()), down(exec, device, "host download"), up(exec, device, "host upload"), up_done(exec, device) {
-      for (std::size_t g = 0; g < groups; ++g) down_done.emplace_back(exec, device);
-    }
+    link(const Executor& exec, const variable_set& variables, int device)
+        : gradients(variables, exec.pinned_memory()), down(exec, device, "host download"), up(exec, device, "host upload"),
+          up_done(exec, device) {}
     pinned_buffer gradients;
     stream down, up;
-    std::vector<event> down_done;  // per group of the pass in flight
+    std::vector<event> down_done;  // per group of the pass in flight (download_gradients adds what a part needs)
     event up_done;
   };
 
