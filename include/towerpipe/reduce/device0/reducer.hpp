@@ -91,10 +91,8 @@ class device0_reducer : public device_optimizer_state<Optim, Layout, Executor> {
   }
 
  private:
-  using base = device_optimizer_state<Optim, Layout, Executor>;
-
   device0_reducer(const reducer_setup<towers_type, Optim>& setup, const Executor& exec)
-      : base(setup.variables, setup.hyper, setup.towers),
+      : device_optimizer_state<Optim, Layout, Executor>(setup.variables, setup.hyper, setup.towers),
         exec_(exec),
         root_(setup.towers.device(0)),
         stream_(exec, root_, "device0 root"),

@@ -66,7 +66,6 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   using master_type = typename precision<Layout>::master_type;           // partial sums, master, state, average
   static constexpr bool mixed = precision<Layout>::mixed;
   using stream = typename Executor::stream;
-  using event = typename Executor::event;
   static constexpr reducer_capabilities capabilities{};
 
   explicit p2p_tree_reducer(const reducer_setup<towers_type, Optim>& setup) : p2p_tree_reducer(setup, setup.towers.executor()) {}
@@ -158,16 +157,27 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
     broadcast(tree_.shape, {every_chunk});
     finish_step(towers, false, stages);
   }
-  // After a failed step: the parts enqueued on the side streams done, and the towers' next work after them.
-  void abandon(towers_type& towers) { order_towers_after_sides(towers); }
+  // After a failed step, and at the end of every step (finish_step): the parts enqueued on the side streams done,
+  // and each tower's next work after the side streams that touch its buffers — its own (its edges, its pull) and
+  // its parent's (the edge that reads its partial; the root's writes its replica).
+  void abandon(towers_type& towers) {
+    for (const auto& own : tree_.nodes) {
+      const typename Executor::device_guard on(exec_, own->side.device());
+      exec_.record(own->side_done, own->side);
+    }
+    for (std::size_t t = 0; t < towers.towers(); ++t) {
+      exec_.wait(towers.stream(t), tree_.nodes[t]->side_done);
+      if (t != 0) exec_.wait(towers.stream(t), tree_.nodes[static_cast<std::size_t>(tree_.wiring.parent[t])]->side_done);
+    }
+    for (const auto& own : tree_.nodes) exec_.synchronize(own->side_done);
+  }
 
  private:
-  using base = device_optimizer_state<Optim, Layout, Executor>;
   using node = p2p_tree_node<Layout, Executor>;
   using rounds_type = std::vector<std::vector<tree_edge<master_type>>>;
 
   p2p_tree_reducer(const reducer_setup<towers_type, Optim>& setup, const Executor& exec)
-      : base(setup.variables, setup.hyper, setup.towers),
+      : device_optimizer_state<Optim, Layout, Executor>(setup.variables, setup.hyper, setup.towers),
         exec_(exec),
         tree_(exec, setup.variables, setup.towers, setup.options.poison_gradients),
         timing_stream_(exec, setup.towers.device(0), "p2p_tree timing"),
@@ -263,8 +273,8 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
     }
   }
 
-  // The end of a step's last part: checked, each tower's key to the host; then order_towers_after_sides
-  // and the stages' seconds; unchecked (the parameters written), the timeline's spans.
+  // The end of a step's last part: checked, each tower's key to the host; then abandon()'s waits and the
+  // stages' seconds; unchecked (the parameters written), the timeline's spans.
   void finish_step(towers_type& towers, bool checked, stage_seconds& stages) {
     if (checked) {
       for (const auto& own : tree_.nodes) {
@@ -272,26 +282,11 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
         exec_.copy_async(own->host_key.get(), own->key.get(), sizeof(nonfinite_key), own->side);
       }
     }
-    order_towers_after_sides(towers);
+    abandon(towers);
     exec_.synchronize(tree_start_);  // on a stream of its own, which nothing above waited for
     stages.reduce = exec_.seconds_between(tree_start_, root_end_);
     if (!checked) stages.broadcast = broadcast_seconds();
     if (!checked && towers.trace().on()) record_device_spans(towers);
-  }
-
-  // Each tower's next work waits for the side streams that touch its buffers — its own (its edges, its
-  // pull) and its parent's (the edge that reads its partial; the root's writes its replica) — and the
-  // host waits for every side stream.
-  void order_towers_after_sides(towers_type& towers) {
-    for (const auto& own : tree_.nodes) {
-      const typename Executor::device_guard on(exec_, own->side.device());
-      exec_.record(own->side_done, own->side);
-    }
-    for (std::size_t t = 0; t < towers.towers(); ++t) {
-      exec_.wait(towers.stream(t), tree_.nodes[t]->side_done);
-      if (t != 0) exec_.wait(towers.stream(t), tree_.nodes[static_cast<std::size_t>(tree_.wiring.parent[t])]->side_done);
-    }
-    for (const auto& own : tree_.nodes) exec_.synchronize(own->side_done);
   }
 
 
@@ -330,7 +325,7 @@ class p2p_tree_reducer : public device_optimizer_state<Optim, Layout, Executor> 
   const Executor& exec_;
   p2p_tree_nodes<Layout, Executor, Policy> tree_;  // a node per tower: its stream, tables and copies
   stream timing_stream_;  // on tower 0's device: marks when the last tower's gradients were ready
-  event tree_start_, root_start_, root_end_;
+  typename Executor::event tree_start_, root_start_, root_end_;
   device_average<Layout, Executor> average_;  // checked steps, on tower 0's device
   chunks_by_variable chunk_runs_, tile_runs_;  // where a part's variables lie in the chunk table and the screen's tiles
   step_work<master_type, Optim> work_;
