@@ -51,18 +51,16 @@ class device_owner {
   }
 
   int device() const { return device_; }
-  const owner_slice& slice() const { return parts_.slice(); }
-  const std::vector<tensor_chunk>& chunk_list() const { return parts_.chunks(); }
+  // The slice, its chunks, the slot count and the master's storage.
+  const slice_owner<M, device_memory_of<Executor>>& parts() const { return parts_; }
   const typename Executor::chunk_table& chunks() const { return chunks_; }
   const stream& owner_stream() const { return stream_; }
   const event& start() const { return start_; }
   const event& end() const { return end_; }
-  int slots() const { return parts_.slots(); }
   std::size_t state_bytes() const { return parts_.state_elements() * sizeof(M); }
 
   pointer_table<M> state() const { return state_.view(); }
   pointer_table<M> master() const { return master_->view(); }
-  M* master_storage() const { return parts_.master_storage(); }
   // A checked step's slice of the average (role 0) and its screen.
   const typename Executor::template pointer_table<M>& average() const {
     parts_.average();  // fails on a pipeline built for unchecked steps
@@ -103,7 +101,7 @@ class device_owner {
     const M* storage = parts_.slot_storage(slot);
     const typename Executor::device_guard on(exec_, device_);
     exec_.synchronize(stream_);
-    exec_.copy_to_host_now(values, storage, slice().stored_elements * sizeof(M));
+    exec_.copy_to_host_now(values, storage, parts_.slice().stored_elements * sizeof(M));
   }
 
  private:

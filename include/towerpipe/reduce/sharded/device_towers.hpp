@@ -179,10 +179,10 @@ class sharded_device_reducer {
           towers_type& towers, int slots, owner_keeps keeps)
         : device_owner<master_type, Policy, Executor>(exec, variables, std::move(owned), table, slots, keeps, towers.device(k)),
           tower(k),
-          copies(this->slice(), towers, k, exec.device_memory(towers.device(k))),
+          copies(this->parts().slice(), towers, k, exec.device_memory(towers.device(k))),
           gradients(this->upload(copies.gradients(), variables, "reduce::sharded: the gradients an owner reads")),
           replicas(this->upload(copies.replicas(), variables, "reduce::sharded: the replicas an owner writes")),
-          chunk_runs(this->chunk_list(), variables.count()),
+          chunk_runs(this->parts().chunks(), variables.count()),
           tile_runs(keeps.average ? this->screen().tiles() : std::vector<tensor_chunk>{}, variables.count()) {
       for (std::size_t t = 0; t < copies.towers(); ++t) {
         if (copies.copied(t))

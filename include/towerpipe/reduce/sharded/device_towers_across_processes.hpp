@@ -187,7 +187,7 @@ class sharded_process_reducer {
     }
   }
 
-  std::size_t state_slots() const { return static_cast<std::size_t>(owner_.slots()); }
+  std::size_t state_slots() const { return static_cast<std::size_t>(owner_.parts().slots()); }
   std::vector<std::size_t> state_bytes_per_tower() const {
     std::vector<std::size_t> bytes(towers_.towers(), 0);
     bytes[0] = owner_.state_bytes();
@@ -228,7 +228,7 @@ class sharded_process_reducer {
 
   // The owner's optimizer reads and writes its master copy of the slice, which the gather then sends.
   optimizer_apply<Optim, master_type> apply() const {
-    return {owner_.master(), owner_.state(), 1, owner_.slots(), work_.constants, {}};
+    return {owner_.master(), owner_.state(), 1, owner_.parts().slots(), work_.constants, {}};
   }
 
   // Step 1 (see the top) over the part's chunks of every owner's slice; a checked step's senders note raw values.
@@ -249,8 +249,8 @@ class sharded_process_reducer {
     const stream& s = owner_.owner_stream();
     exec_.synchronize(s);
     const auto reduced = step_clock::now();
-    collectives_->all_gather_blocks_on_device(owner_.master_storage(), buffers_.gathered.get(), gather_blocks_.offsets, gather_blocks_.bytes, s,
-                                              "gathering parameters");
+    collectives_->all_gather_blocks_on_device(owner_.parts().master_storage(), buffers_.gathered.get(), gather_blocks_.offsets,
+                                              gather_blocks_.bytes, s, "gathering parameters");
     if (broadcast_.target_count() > 0)
       all_chunks_.template launch<Policy>(
           copy_agent<master_type, stored_type>{gathered_flat_.const_view(), replicas_.view(), broadcast_.target_count()}, s);
