@@ -106,8 +106,6 @@ class processes {
   // checked: whether steps take the checked passes (takes_checked_steps).
   processes(const pipeline_options& options, bool checked, std::size_t local_towers, const std::vector<std::string>& fingerprint)
       : group_(options.processes ? options.processes : std::make_shared<single_process>()),
-        rank_(group_->rank()),
-        size_(group_->size()),
         local_towers_(local_towers),
         identical_parts_allowed_(options.identical_process_parts) {
     std::string text;
@@ -121,11 +119,11 @@ class processes {
   }
 
   process_group& group() const { return *group_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const { return group_->rank(); }
+  int size() const { return group_->size(); }
   std::size_t local_towers() const { return local_towers_; }
-  std::size_t towers() const { return local_towers_ * static_cast<std::size_t>(size_); }  // over every process
-  std::size_t global_tower(std::size_t local) const { return static_cast<std::size_t>(rank_) * local_towers_ + local; }
+  std::size_t towers() const { return local_towers_ * static_cast<std::size_t>(size()); }  // over every process
+  std::size_t global_tower(std::size_t local) const { return static_cast<std::size_t>(rank()) * local_towers_ + local; }
 
   // The first collective of a step, before the towers run, across processes; every check below fails
   // on every process with the same message, before anything changes:
@@ -140,7 +138,7 @@ class processes {
   std::vector<double> agree_before_towers(std::int64_t step, Settings&& settings, const std::vector<shard>& shards,
                                           std::uint64_t part, split_policy policy, std::size_t& examples) const {
     std::vector<double> weights;
-    if (size_ > 1) return exchange_before_towers(step, std::nullopt, settings(), shards, part, policy, examples);
+    if (size() > 1) return exchange_before_towers(step, std::nullopt, settings(), shards, part, policy, examples);
     for (const shard& s : shards) {
       weights.push_back(s.weight);
       examples += s.examples;
@@ -153,7 +151,7 @@ class processes {
   template <class Settings>
   [[noreturn]] void refuse_step(std::int64_t step, const std::string& refusal, Settings&& settings, split_policy policy) const {
     std::size_t examples = 0;
-    if (size_ > 1) exchange_before_towers(step, refusal, settings(), {}, 0, policy, examples);
+    if (size() > 1) exchange_before_towers(step, refusal, settings(), {}, 0, policy, examples);
     fail(refusal);  // one process: this one alone
   }
 
@@ -170,16 +168,16 @@ class processes {
     try {
       loss = run_towers();
     } catch (...) {
-      if (size_ == 1) throw;
+      if (size() == 1) throw;
       failure = current_exception_text();
     }
     try {
       settle();
     } catch (...) {
-      if (size_ == 1) throw;
+      if (size() == 1) throw;
       if (!failure) failure = current_exception_text();
     }
-    return size_ == 1 ? loss : exchange_after_towers(step, loss, failure);
+    return size() == 1 ? loss : exchange_after_towers(step, loss, failure);
   }
 
   // Every process's first non-finite key (the least wins) and its owner's tiles' sums (owners' tiles
@@ -330,7 +328,6 @@ class processes {
   }
 
   std::shared_ptr<process_group> group_;
-  int rank_, size_;
   std::size_t local_towers_;
   bool identical_parts_allowed_;
 };
