@@ -213,10 +213,8 @@ class batch {
   const std::vector<batch_input>& inputs() const { return inputs_; }
 
   const batch_input* find(const std::string& name) const {
-    for (const batch_input& input : inputs_) {
-      if (input.name() == name) return &input;
-    }
-    return nullptr;
+    const auto found = std::find_if(inputs_.begin(), inputs_.end(), [&](const batch_input& i) { return i.name() == name; });
+    return found == inputs_.end() ? nullptr : &*found;
   }
 
   template <class T>
@@ -263,9 +261,8 @@ class batch {
                      inputs_.front().name(), "' has ", examples());
     }
     for (const batch_input& input : inputs_) {
-      bool declared = false;
-      for (const input_spec& spec : specs) declared = declared || spec.name == input.name();
-      if (!declared) detail::fail("batch input '", input.name(), "' was not declared");
+      if (std::none_of(specs.begin(), specs.end(), [&](const input_spec& spec) { return spec.name == input.name(); }))
+        detail::fail("batch input '", input.name(), "' was not declared");
     }
   }
 
