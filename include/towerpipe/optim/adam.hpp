@@ -56,8 +56,7 @@ struct adam_family {
     T step_size;              // lr / (1 - beta1^t)
     T bias_correction2_sqrt;  // sqrt(1 - beta2^t)
     T eps;
-    T weight_decay;           // adam: the L2 coefficient
-    T decay_factor;           // adamw: 1 - lr * weight_decay
+    T decay;                  // adam: the L2 coefficient weight_decay; adamw: the factor 1 - lr * weight_decay
   };
 
   template <class T>
@@ -70,17 +69,16 @@ struct adam_family {
             static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, t))),
             static_cast<T>(std::sqrt(1.0 - std::pow(h.beta2, t))),
             static_cast<T>(h.eps),
-            static_cast<T>(h.weight_decay),
-            static_cast<T>(1.0 - h.lr * h.weight_decay)};
+            static_cast<T>(DecoupledWeightDecay ? 1.0 - h.lr * h.weight_decay : h.weight_decay)};
   }
 
   template <class T>
   TOWERPIPE_HOST_DEVICE static void update(const step_constants<T>& c, T grad, T& param, T* state) {
     using namespace towerpipe::detail;
     if constexpr (DecoupledWeightDecay) {
-      param = rounded_mul(param, c.decay_factor);
-    } else if (c.weight_decay != T(0)) {
-      grad = rounded_add(grad, rounded_mul(c.weight_decay, param));
+      param = rounded_mul(param, c.decay);
+    } else if (c.decay != T(0)) {
+      grad = rounded_add(grad, rounded_mul(c.decay, param));
     }
     T& m = state[0];
     T& v = state[1];
