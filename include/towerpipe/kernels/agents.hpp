@@ -118,9 +118,11 @@ struct fused_apply_agent {
   TOWERPIPE_HOST_DEVICE void process(int v, unsigned i) const {
     const int n = Towers > 0 ? Towers : towers;
     // The canonical tree keeps canonical_slots(n) partial sums alive (7 for 64 towers), in registers.
-    const lanes<T, W> g = canonical_lanes_sum<canonical_slots(Towers > 0 ? Towers : max_device_towers)>(
-        n, [&](int t) { return scale_lanes(weights[t], load_lanes<W>(gradients.at(t, v) + i)); });
-    apply.template apply<W>(v, i, g);
+    lanes<T, W> partial[canonical_slots(Towers > 0 ? Towers : max_device_towers)];
+    canonical_tree_reduce(
+        n, [&](int t, int slot) { partial[slot] = scaled_lanes<W>(weights[t], gradients.at(t, v) + i); },
+        [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
+    apply.template apply<W>(v, i, partial[0]);
   }
 
   template <class F>

@@ -11,7 +11,6 @@
 #include "towerpipe/core/half_types.hpp"
 #include "towerpipe/core/rounded_math.hpp"
 #include "towerpipe/kernels/access_hook.hpp"
-#include "towerpipe/plan/canonical_order.hpp"
 
 #if defined(__CUDACC__)
 #include <cub/block/block_load.cuh>
@@ -108,21 +107,16 @@ TOWERPIPE_HOST_DEVICE lanes<T, W> scale_lanes(T weight, lanes<T, W> v) {
   return v;
 }
 
+template <unsigned W, class T>
+TOWERPIPE_HOST_DEVICE lanes<T, W> scaled_lanes(T weight, const T* p) {
+  return scale_lanes(weight, load_lanes<W>(p));
+}
+
 template <class T, unsigned W>
 TOWERPIPE_HOST_DEVICE lanes<T, W> add_lanes(const lanes<T, W>& a, const lanes<T, W>& b) {
   lanes<T, W> sum;
   for (unsigned l = 0; l < W; ++l) sum.value[l] = rounded_add(a.value[l], b.value[l]);
   return sum;
-}
-
-// The canonical sum (plan/canonical_order.hpp) of load(t), a group of lanes, over t < n, with Slots partials alive.
-template <int Slots, class Load>
-TOWERPIPE_HOST_DEVICE auto canonical_lanes_sum(int n, Load&& load) {
-  decltype(load(0)) partial[Slots];
-  canonical_tree_reduce(
-      n, [&](int t, int slot) { partial[slot] = load(t); },
-      [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
-  return partial[0];
 }
 
 }  // namespace detail

@@ -46,7 +46,11 @@ struct contribution_agent {
       return scale_lanes(weights[t], raw);
     };
     if (partial) {
-      store_lanes<W>(rows.at(0, v) + i, canonical_lanes_sum<canonical_slots(max_device_towers)>(towers, weighed));
+      lanes<T, W> sums[canonical_slots(max_device_towers)];
+      canonical_tree_reduce(
+          towers, [&](int t, int slot) { sums[slot] = weighed(t); },
+          [&](int left, int right) { sums[left] = add_lanes(sums[left], sums[right]); });
+      store_lanes<W>(rows.at(0, v) + i, sums[0]);
     } else {
       for (int t = 0; t < towers; ++t) store_lanes<W>(rows.at(t, v) + i, weighed(t));
     }
@@ -72,8 +76,11 @@ struct rows_sum_source {
 
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE lanes<T, W> sum(int v, unsigned i) const {
-    return canonical_lanes_sum<canonical_slots(max_process_rows)>(count,
-                                                                  [&](int row) { return load_lanes<W>(rows.at(row, v) + i); });
+    lanes<T, W> partial[canonical_slots(max_process_rows)];
+    canonical_tree_reduce(
+        count, [&](int row, int slot) { partial[slot] = load_lanes<W>(rows.at(row, v) + i); },
+        [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
+    return partial[0];
   }
   template <unsigned W>
   TOWERPIPE_HOST_DEVICE lanes<T, W> average(int v, unsigned i, nonfinite_key&) const {

@@ -112,11 +112,16 @@ struct tower_average_source {
     constexpr int slots = Towers > 0                       ? canonical_slots(Towers)
                           : std::is_pointer<Weights>::value ? 32
                                                             : canonical_slots(max_device_towers);
-    return canonical_lanes_sum<slots>(Towers > 0 ? Towers : towers, [&](int t) {
-      const lanes<T, W> raw = cast_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
-      note_nonfinite(raw, v, i, static_cast<unsigned>(t), first);
-      return scale_lanes(weights[t], raw);
-    });
+    lanes<T, W> partial[slots];
+    canonical_tree_reduce(
+        Towers > 0 ? Towers : towers,
+        [&](int t, int slot) {
+          const lanes<T, W> raw = cast_lanes<T>(load_lanes<W>(gradients.at(t, v) + i));
+          note_nonfinite(raw, v, i, static_cast<unsigned>(t), first);
+          partial[slot] = scale_lanes(weights[t], raw);
+        },
+        [&](int left, int right) { partial[left] = add_lanes(partial[left], partial[right]); });
+    return partial[0];
   }
 
   // What average() reads (kernels/agents.hpp says how agents and sources declare their operands).
