@@ -28,7 +28,6 @@
 #include "towerpipe/step/checked_verdict.hpp"
 #include "towerpipe/data/split.hpp"
 #include "towerpipe/step/stats.hpp"
-#include "towerpipe/trace/tracer.hpp"
 
 namespace towerpipe {
 
@@ -46,10 +45,10 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
 
   pipeline(variable_set variables, std::vector<input_spec> inputs, std::size_t towers, const hyper_parameters& h,
            const pipeline_options& options = {})
-      : state(std::move(variables), towers, h, options), inputs_(std::move(inputs)), tracer_(options.trace) {
+      : state(std::move(variables), towers, h, options), inputs_(std::move(inputs)) {
     detail::validate(inputs_);
     parts_ = std::make_unique<parts_type>(*this->variables_, options.buckets, sizeof(typename state::stored_type), *this->towers_,
-                                          *this->reducer_, tracer_);
+                                          *this->reducer_, this->towers_->trace());
     if (options.trace != nullptr && this->across_processes())
       options.trace->set_process(this->processes_->rank(), this->processes_->size(), this->processes_->global_tower(0));
   }
@@ -120,7 +119,7 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
     if (consuming_step > state::max_steps) detail::fail(past_max_steps);
     this->towers_->stage(examples, plan_split(examples.examples(), this->towers(), this->options_.split));
     staged_.push_back({detail::seconds_since(start), this->across_processes() ? examples.sampled_digest() : 0});
-    tracer_.span("check + split + stage", start, clock::now(), consuming_step, "split");
+    this->towers_->trace().span("check + split + stage", start, clock::now(), consuming_step, "split");
   }
 
   // begin (the reducer's step work) -> the towers, their buckets during them, the rest after them ->
@@ -165,8 +164,9 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
       stats.buckets_during_towers = parts_->buckets_during_towers();
       const detail::screen_partials screen = this->reducer_->finish(*this->towers_, stats.stages);
       if (work.checked) judge_and_apply(work, screen, stats);
-      tracer_.span(stats.skipped ? "average + screen (skipped)" : stats.accumulating ? "average + accumulate" : "average + apply + broadcast",
-                   reduce_start, clock::now(), stats.step, "reduce");
+      this->towers_->trace().span(
+          stats.skipped ? "average + screen (skipped)" : stats.accumulating ? "average + accumulate" : "average + apply + broadcast",
+          reduce_start, clock::now(), stats.step, "reduce");
     } catch (...) {
       abandon(work);
       throw;
@@ -273,7 +273,6 @@ class pipeline : public detail::pipeline_state<Exec, Reduce, Optim, Layout> {
   static constexpr const char* no_staged_batch = "step(fn) needs a staged batch: call stage(batch) or step(batch, fn)";
 
   std::vector<input_spec> inputs_;
-  detail::tracer tracer_;
   std::unique_ptr<parts_type> parts_;
   // Each batch still staged, oldest first: stage()'s seconds, and across processes its sampled digest.
   std::deque<std::pair<double, std::uint64_t>> staged_;

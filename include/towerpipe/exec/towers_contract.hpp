@@ -19,6 +19,7 @@
 //   void finish_step(std::int64_t step)         called after the reduction (GPU towers record their
 //                                               device-side timeline spans there)
 //   void set_ready_listener(tower_ready_listener*)  where gradient_ready marks go (exec/tower_context.hpp)
+//   const tracer& trace() const                 where the step's spans go (pipeline_options::trace)
 //   void prepare_bucket_events(buckets), record_bucket_done(tower, bucket)
 //                                               an event per tower and bucket, recorded on the tower's
 //                                               stream when it has marked the bucket (GPU towers; host
@@ -56,7 +57,7 @@ TOWERPIPE_DETECT_MEMBER(towers_has_set_parameter,
 TOWERPIPE_DETECT_MEMBER(towers_has_step_hooks,
                         (std::declval<T&>().finish_step(std::int64_t{}), std::declval<T&>().set_ready_listener(nullptr),
                          std::declval<T&>().prepare_bucket_events(std::size_t{}),
-                         std::declval<T&>().record_bucket_done(std::size_t{}, std::size_t{})));
+                         std::declval<T&>().record_bucket_done(std::size_t{}, std::size_t{}), std::declval<const T&>().trace()));
 TOWERPIPE_DETECT_MEMBER(has_context_type, std::declval<typename T::context>());
 
 // Fails compilation with the name of the first member Towers lacks.
@@ -76,7 +77,7 @@ constexpr bool check_towers_contract() {
                 "towerpipe: the execution space's towers lack 'set_parameter(variable, values)'");
   static_assert(towers_has_step_hooks<Towers>::value,
                 "towerpipe: the execution space's towers lack one of 'finish_step(step)', 'set_ready_listener(listener)', "
-                "'prepare_bucket_events(buckets)', 'record_bucket_done(tower, bucket)'");
+                "'prepare_bucket_events(buckets)', 'record_bucket_done(tower, bucket)', 'trace() const'");
   return true;
 }
 

@@ -67,10 +67,10 @@ class step_parts final : public tower_ready_listener {
     const mark_count marked = mark(tower, variable);
     if (!marked.completed || !during_towers_) return;
     worker_.post([this, bucket = marked.bucket, marks_to_come = marked.marks_to_come] {
-      const auto start = tracer::clock::now();
+      const auto start = timeline::clock::now();
       reducer_.reduce_part(towers_, step_part{plan_.buckets[bucket], bucket});
       reduced_[bucket] = marks_to_come ? hidden : reduced;
-      tracer_.span(bucket_span_, start, tracer::clock::now(), step_, "reduce (during towers)");
+      tracer_.span(bucket_span_, start, timeline::clock::now(), step_, "reduce (during towers)");
     });
   }
   // What the tower left unmarked counts as marked. A bucket whose last tower completes it here waits for

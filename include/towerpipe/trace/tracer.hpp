@@ -14,15 +14,13 @@ namespace detail {
 
 class tracer {
  public:
-  using clock = timeline::clock;
-
   explicit tracer(timeline* trace = nullptr) : trace_(trace) {}
 
   bool on() const { return trace_ != nullptr; }
 
   // Records the span [start, end) on the row named by the concatenation of row_parts.
   template <class... RowParts>
-  void span(const std::string& name, clock::time_point start, clock::time_point end, std::int64_t step,
+  void span(const std::string& name, timeline::clock::time_point start, timeline::clock::time_point end, std::int64_t step,
             const RowParts&... row_parts) const {
     if (trace_ != nullptr) trace_->record(make_message(row_parts...), name, start, end, step);
   }
