@@ -26,11 +26,11 @@ struct host_conversions {
   static float* data(buffer& b) { return b.data(); }
   template <class Context, class Stored>
   static void widen(const Context&, float* to, const Stored* from, std::size_t count) {
-    for (std::size_t k = 0; k < count; ++k) to[k] = towerpipe::detail::widen<float>(from[k]);
+    for (std::size_t k = 0; k < count; ++k) to[k] = static_cast<float>(from[k]);
   }
   template <class Context, class Stored>
   static void narrow(const Context&, Stored* to, const float* from, std::size_t count, float scale) {
-    for (std::size_t k = 0; k < count; ++k) to[k] = towerpipe::detail::narrow<Stored>(from[k] * scale);
+    for (std::size_t k = 0; k < count; ++k) to[k] = static_cast<Stored>(from[k] * scale);
   }
 };
 

@@ -23,12 +23,12 @@ namespace kernels {
 template <class Stored>
 __global__ void widen(float* to, const Stored* from, std::size_t count) {
   const std::size_t k = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k < count) to[k] = towerpipe::detail::widen<float>(from[k]);
+  if (k < count) to[k] = static_cast<float>(from[k]);
 }
 template <class Stored>
 __global__ void narrow(Stored* to, const float* from, std::size_t count, float scale) {
   const std::size_t k = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k < count) to[k] = towerpipe::detail::narrow<Stored>(from[k] * scale);
+  if (k < count) to[k] = static_cast<Stored>(from[k] * scale);
 }
 template <class T>
 __global__ void scale(T* values, T by) {
