@@ -13,7 +13,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "towerpipe/comm/process_group.hpp"
@@ -81,10 +80,13 @@ class thread_process_group final : public process_group {
       const std::size_t my_round = round;
       posts[index(rank)] = std::move(pieces);
       whats[index(rank)] = what;
-      if (std::count(whats.begin(), whats.end(), nullptr) == 0) {
+      if (++arrived == ranks) {
+        arrived = 0;
         ++round;
-        results = std::exchange(posts, std::vector<std::vector<std::string>>(index(ranks)));
-        result_whats = std::exchange(whats, std::vector<const char*>(index(ranks)));
+        results = std::move(posts);
+        posts.assign(index(ranks), {});
+        result_whats = whats;
+        std::fill(whats.begin(), whats.end(), nullptr);
         changed.notify_all();
       } else if (!changed.wait_for(lock, deadline, [&] { return round != my_round || !broken.empty(); })) {
         std::string missing;
@@ -113,6 +115,7 @@ class thread_process_group final : public process_group {
     std::mutex mutex;
     std::condition_variable changed;
     std::size_t round = 0;
+    int arrived = 0;
     std::vector<std::vector<std::string>> posts;             // this round's, per rank
     std::vector<const char*> whats;                          // this round's calls, per rank; null: not arrived
     std::vector<std::vector<std::string>> results;           // the last completed round's posts
