@@ -163,21 +163,24 @@ class processes {
   // bits on every process). One process: run_towers(), then settle() where they succeeded.
   template <class RunTowers, class Settle>
   double agree_on_towers(std::int64_t step, RunTowers&& run_towers, Settle&& settle) const {
+    if (size() == 1) {
+      const double loss = run_towers();
+      settle();
+      return loss;
+    }
     std::optional<std::string> failure;
     double loss = 0;
     try {
       loss = run_towers();
     } catch (...) {
-      if (size() == 1) throw;
       failure = current_exception_text();
     }
     try {
       settle();
     } catch (...) {
-      if (size() == 1) throw;
       if (!failure) failure = current_exception_text();
     }
-    return size() == 1 ? loss : exchange_after_towers(step, loss, failure);
+    return exchange_after_towers(step, loss, failure);
   }
 
   // Every process's first non-finite key (the least wins) and its owner's tiles' sums (owners' tiles
